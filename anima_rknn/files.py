@@ -1,0 +1,44 @@
+"""Writing files so that a crash or a bad input never leaves a half-written output behind."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from .errors import AnimaError
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
+    target = Path(path)
+    if target.exists() and not overwrite:
+        raise AnimaError(f"{target} exists; pass --overwrite to replace it")
+    if target.is_dir():
+        raise AnimaError(f"{target} is a directory, not a file")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise AnimaError(f"cannot write {target}: folder {parent} does not exist")
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=parent)
+    except OSError as e:
+        raise AnimaError(f"cannot write {target}: {e.strerror}") from None
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,229 @@
+"""The Anima DiT (Cosmos-Predict2 "MiniTrainDIT") with its LLM adapter.
+
+Module names follow the checkpoint keys (`blocks.N.self_attn.q_proj`, ...), so a state dict loads as is.
+Precision policy: the residual stream, LayerNorm, AdaLN and gates are fp32 on the host side; the three
+bodies per block (self-attention, cross-attention, MLP) may hold fp16/bf16 weights (`set_body_dtype`).
+The pass is written as prologue -> per block (modulate, body, gate) x 3 -> epilogue so that the split
+engine can run the very same pieces with the bodies on an accelerator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .adapter import LLMAdapter
+from .config import DiTConfig
+from .layers import RMSNorm, apply_rope, attention, rope_tables, timestep_sinusoid
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        head_dim = hidden // heads
+        self.q_proj = nn.Linear(hidden, hidden, bias=False)
+        self.k_proj = nn.Linear(hidden, hidden, bias=False)
+        self.v_proj = nn.Linear(hidden, hidden, bias=False)
+        self.q_norm = RMSNorm(head_dim)
+        self.k_norm = RMSNorm(head_dim)
+        self.output_proj = nn.Linear(hidden, hidden, bias=False)
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.unflatten(-1, (self.heads, -1)).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> torch.Tensor:
+        q = self.q_norm(self.split_heads(self.q_proj(x)))
+        k = self.k_norm(self.split_heads(self.k_proj(x)))
+        v = self.split_heads(self.v_proj(x))
+        cos, sin = rope_cos.to(q.dtype), rope_sin.to(q.dtype)
+        return self.output_proj(attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v))
+
+
+class CrossAttention(SelfAttention):
+    def __init__(self, hidden: int, heads: int, context_dim: int) -> None:
+        super().__init__(hidden, heads)
+        self.k_proj = nn.Linear(context_dim, hidden, bias=False)
+        self.v_proj = nn.Linear(context_dim, hidden, bias=False)
+
+    def key_value(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V depend only on the prompt: callers may compute them once per prompt."""
+        return self.k_norm(self.split_heads(self.k_proj(context))), self.split_heads(self.v_proj(context))
+
+    def attend(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        q = self.q_norm(self.split_heads(self.q_proj(x)))
+        return self.output_proj(attention(q, k, v))
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return self.attend(x, *self.key_value(context))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, mlp: int) -> None:
+        super().__init__()
+        self.layer1 = nn.Linear(hidden, mlp, bias=False)
+        self.layer2 = nn.Linear(mlp, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer2(F.gelu(self.layer1(x)))
+
+
+def adaln_projection(hidden: int, lora: int, outputs: int) -> nn.Sequential:
+    """SiLU -> Linear(hidden, lora) -> Linear(lora, outputs*hidden); indices 1 and 2 match the checkpoint."""
+    return nn.Sequential(nn.SiLU(), nn.Linear(hidden, lora, bias=False), nn.Linear(lora, outputs * hidden, bias=False))
+
+
+def layer_norm_modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """LN(x) * (1 + scale) + shift, in fp32 (the residual stream overflows fp16)."""
+    return F.layer_norm(x.float(), x.shape[-1:], eps=1e-6) * (1 + scale) + shift
+
+
+class Block(nn.Module):
+    PARTS = ("self_attn", "cross_attn", "mlp")
+
+    def __init__(self, config: DiTConfig) -> None:
+        super().__init__()
+        d = config.hidden
+        self.self_attn = SelfAttention(d, config.heads)
+        self.cross_attn = CrossAttention(d, config.heads, config.context_dim)
+        self.mlp = MLP(d, config.mlp)
+        self.adaln_modulation_self_attn = adaln_projection(d, config.adaln_lora, 3)
+        self.adaln_modulation_cross_attn = adaln_projection(d, config.adaln_lora, 3)
+        self.adaln_modulation_mlp = adaln_projection(d, config.adaln_lora, 3)
+
+    def modulation(self, emb: torch.Tensor, adaln_lora: torch.Tensor) -> torch.Tensor:
+        """[B, D] time embedding -> [3 parts, 3 (shift, scale, gate), B, 1, D] fp32; depends on sigma only."""
+        mods = [getattr(self, f"adaln_modulation_{part}")(emb) + adaln_lora for part in self.PARTS]
+        return torch.stack([m.unflatten(-1, (3, -1)).transpose(0, 1) for m in mods]).unsqueeze(-2)
+
+    def body(self, part: int, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+             context_kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """The accelerator-side computation of one part, in the bodies' dtype."""
+        if part == 0:
+            return self.self_attn(x, *rope)
+        if part == 1:
+            return self.cross_attn.attend(x, *context_kv)
+        return self.mlp(x)
+
+
+class FinalLayer(nn.Module):
+    def __init__(self, config: DiTConfig) -> None:
+        super().__init__()
+        self.adaln_modulation = adaln_projection(config.hidden, config.adaln_lora, 2)
+        self.linear = nn.Linear(config.hidden, config.patch * config.patch * config.in_channels, bias=False)
+
+    def forward(self, x: torch.Tensor, emb: torch.Tensor, adaln_lora: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1]
+        shift, scale = (self.adaln_modulation(emb) + adaln_lora[:, : 2 * d]).unsqueeze(1).chunk(2, dim=-1)
+        return self.linear(layer_norm_modulate(x, shift, scale))
+
+
+class TimestepMLP(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(hidden, hidden, bias=False)
+        self.linear_2 = nn.Linear(hidden, 3 * hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(F.silu(self.linear_1(x)))
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, config: DiTConfig) -> None:
+        super().__init__()
+        features = (config.in_channels + 1) * config.patch * config.patch
+        self.proj = nn.Sequential(nn.Identity(), nn.Linear(features, config.hidden, bias=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)
+
+
+def patchify(x: torch.Tensor, patch: int) -> torch.Tensor:
+    """[B, C, H, W] -> [B, (H/p)(W/p), C*p*p], feature = c*p*p + dy*p + dx."""
+    b, c, h, w = x.shape
+    x = x.reshape(b, c, h // patch, patch, w // patch, patch)
+    return x.permute(0, 2, 4, 1, 3, 5).reshape(b, (h // patch) * (w // patch), c * patch * patch)
+
+
+def unpatchify(tokens: torch.Tensor, grid_h: int, grid_w: int, patch: int) -> torch.Tensor:
+    """[B, N, p*p*C] with feature = dy*p*C + dx*C + c (NOT the patchify layout) -> [B, C, H, W]."""
+    b = tokens.shape[0]
+    x = tokens.reshape(b, grid_h, grid_w, patch, patch, -1)
+    return x.permute(0, 5, 1, 3, 2, 4).reshape(b, -1, grid_h * patch, grid_w * patch)
+
+
+@dataclasses.dataclass
+class PassState:
+    """Everything the blocks of one pass need besides the residual stream."""
+
+    tokens: torch.Tensor  # [B, N, D] fp32 residual stream
+    emb: torch.Tensor  # [B, D] RMS-normed sinusoid
+    adaln_lora: torch.Tensor  # [B, 3D]
+    rope: tuple[torch.Tensor, torch.Tensor]  # [N, head_dim] each
+    grid: tuple[int, int]
+    crop: tuple[int, int]  # latent size before circular padding
+
+
+class AnimaDiT(nn.Module):
+    def __init__(self, config: DiTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.x_embedder = PatchEmbed(config)
+        self.t_embedder = nn.Sequential(nn.Identity(), TimestepMLP(config.hidden))
+        self.t_embedding_norm = RMSNorm(config.hidden)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.blocks))
+        self.final_layer = FinalLayer(config)
+        self.llm_adapter = LLMAdapter(config)
+        self.body_dtype = torch.float32
+
+    def set_body_dtype(self, dtype: torch.dtype) -> AnimaDiT:
+        """Cast only the accelerator bodies; AdaLN, norms and the residual stay fp32."""
+        for block in self.blocks:
+            for part in Block.PARTS:
+                getattr(block, part).to(dtype)
+        self.body_dtype = dtype
+        return self
+
+    def prologue(self, x: torch.Tensor, sigma: torch.Tensor) -> PassState:
+        x = x.float()
+        b, _, h, w = x.shape
+        p = self.config.patch
+        x = F.pad(x, (0, (-w) % p, 0, (-h) % p), mode="circular") if (h % p or w % p) else x
+        grid = (x.shape[-2] // p, x.shape[-1] // p)
+        x = torch.cat([x, torch.zeros_like(x[:, :1])], dim=1)  # the all-zero padding-mask channel
+        sinusoid = timestep_sinusoid(sigma.reshape(-1).expand(b), self.config.hidden)
+        return PassState(
+            tokens=self.x_embedder(patchify(x, p)),
+            emb=self.t_embedding_norm(sinusoid),
+            adaln_lora=self.t_embedder(sinusoid),
+            rope=rope_tables(self.config.head_dim, *grid),
+            grid=grid,
+            crop=(h, w),
+        )
+
+    def modulations(self, state: PassState) -> list[torch.Tensor]:
+        return [block.modulation(state.emb, state.adaln_lora) for block in self.blocks]
+
+    def context_key_values(self, context: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        context = context.to(self.body_dtype)
+        return [block.cross_attn.key_value(context) for block in self.blocks]
+
+    def epilogue(self, state: PassState) -> torch.Tensor:
+        out = self.final_layer(state.tokens, state.emb, state.adaln_lora)
+        out = unpatchify(out, *state.grid, self.config.patch)
+        return out[..., : state.crop[0], : state.crop[1]]
+
+    def forward(self, x: torch.Tensor, sigma: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """x [B,16,H,W], sigma [B] in [0,1], context [B,512,context_dim] -> velocity [B,16,H,W] fp32."""
+        state = self.prologue(x, sigma)
+        context_kv = self.context_key_values(context)
+        rope = state.rope
+        for block, mods, kv in zip(self.blocks, self.modulations(state), context_kv):
+            for part in range(3):
+                shift, scale, gate = mods[part]
+                body_in = layer_norm_modulate(state.tokens, shift, scale).to(self.body_dtype)
+                state.tokens = state.tokens + gate * block.body(part, body_in, rope, kv).float()
+        return self.epilogue(state)

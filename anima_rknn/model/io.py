@@ -1,0 +1,76 @@
+"""Load and save the DiT + LLM adapter file (`net.` or `model.diffusion_model.` prefix, bf16 on disk)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import torch
+
+from ..checkpoint import check_shapes, load_tensors, read_metadata, read_shapes, save_tensors
+from .config import CONTEXT_TOKENS, DiTConfig, infer_dit_config
+from .dit import AnimaDiT
+
+PREFIXES = ("model.diffusion_model.", "net.")
+CONTEXT_TOKENS_KEY = "anima_rknn.context_tokens"
+_BODY = re.compile(r"blocks\.\d+\.(self_attn|cross_attn|mlp)\.")
+
+
+def _strip(name: str) -> str:
+    for prefix in PREFIXES:
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    return name
+
+
+def read_dit_config(path: str | os.PathLike) -> DiTConfig:
+    shapes = {_strip(k): v for k, v in read_shapes(path, "DiT").items()}
+    context_tokens = int(read_metadata(path, "DiT").get(CONTEXT_TOKENS_KEY, CONTEXT_TOKENS))
+    return infer_dit_config(shapes, context_tokens)
+
+
+def expected_shapes(config: DiTConfig) -> dict[str, tuple[int, ...]]:
+    with torch.device("meta"):
+        return {k: tuple(v.shape) for k, v in AnimaDiT(config).state_dict().items()}
+
+
+def load_dit(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> AnimaDiT:
+    """The DiT with sizes read from the file; attention/MLP bodies in `dtype`, everything else fp32.
+
+    Tensors are memory-mapped; a body already stored in `dtype` is used without a copy.
+    """
+    config = read_dit_config(path)
+    tensors = {_strip(k): v for k, v in load_tensors(path, "DiT").items()}
+    expected = expected_shapes(config)
+    check_shapes({k: v.shape for k, v in tensors.items()}, expected, "Anima DiT")
+    tensors = {k: tensors[k].to(dtype if _BODY.match(k) else torch.float32) for k in expected}
+    with torch.device("meta"):
+        model = AnimaDiT(config)
+    model.load_state_dict(tensors, strict=True, assign=True)
+    model.body_dtype = dtype
+    return model.eval().requires_grad_(False)
+
+
+def save_dit(model: AnimaDiT, path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
+             metadata: dict[str, str] | None = None) -> None:
+    """Write the real layout: `net.` prefix, `dtype` tensors, sizes recoverable from shapes alone."""
+    meta = {"anima_rknn.config": json.dumps(model.config.to_dict()), **(metadata or {})}
+    if model.config.context_tokens != CONTEXT_TOKENS:
+        meta[CONTEXT_TOKENS_KEY] = str(model.config.context_tokens)
+    save_tensors({f"net.{k}": v.to(dtype) for k, v in model.state_dict().items()}, path, meta)
+
+
+def random_dit(config: DiTConfig, seed: int = 0) -> AnimaDiT:
+    """Seeded random weights. The AdaLN gates start small so a random model's velocity stays O(1)."""
+    generator = torch.Generator().manual_seed(seed)
+    model = AnimaDiT(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.ndim == 1 and "norm" in name:
+                param.copy_(1 + 0.1 * torch.randn(param.shape, generator=generator))
+            elif param.ndim == 2:
+                param.copy_(torch.randn(param.shape, generator=generator) / param.shape[1] ** 0.5)
+            else:
+                param.copy_(0.02 * torch.randn(param.shape, generator=generator))
+    return model.eval().requires_grad_(False)
