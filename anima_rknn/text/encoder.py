@@ -1,0 +1,162 @@
+"""Qwen3 text encoder: transformers' Qwen3Model with its config read off the checkpoint's tensor shapes."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import safetensors
+import safetensors.torch
+import torch
+from transformers import Qwen3Config, Qwen3Model
+
+from ..errors import AnimaError
+from ..files import atomic_path
+
+FILE_PREFIX = "model."  # Qwen3ForCausalLM layout, as in text_encoders/qwen_3_06b_base.safetensors
+IGNORED_PREFIX = "lm_head."  # tied to the embedding; not needed for hidden states
+ROPE_THETA = 1e6
+RMS_EPS = 1e-6
+_LAYER_INDEX = re.compile(r"^layers\.(\d+)\.")
+
+
+def _qwen3_config(
+    *, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int, intermediate: int
+) -> Qwen3Config:
+    return Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate,
+        rope_theta=ROPE_THETA,
+        rms_norm_eps=RMS_EPS,
+        tie_word_embeddings=True,
+    )
+
+
+def _strip_prefix(name: str) -> str:
+    return name.removeprefix(FILE_PREFIX)
+
+
+def _shape(shapes: Mapping[str, Sequence[int]], name: str, rank: int) -> tuple[int, ...]:
+    if name not in shapes:
+        raise AnimaError(f"text encoder file lacks tensor {FILE_PREFIX}{name}")
+    shape = tuple(shapes[name])
+    if len(shape) != rank:
+        raise AnimaError(f"text encoder tensor {FILE_PREFIX}{name} has shape {list(shape)}, expected {rank} dimensions")
+    return shape
+
+
+def qwen3_config_from_shapes(shapes: Mapping[str, Sequence[int]]) -> Qwen3Config:
+    """Infer the Qwen3 config from tensor names and shapes (names with or without the "model." prefix)."""
+    shapes = {_strip_prefix(name): shape for name, shape in shapes.items()}
+    layer_indices = [int(m.group(1)) for name in shapes if (m := _LAYER_INDEX.match(name))]
+    if not layer_indices:
+        raise AnimaError("text encoder file has no model.layers.N.* tensors; is it a Qwen3 checkpoint?")
+    vocab, hidden = _shape(shapes, "embed_tokens.weight", 2)
+    (head_dim,) = _shape(shapes, "layers.0.self_attn.q_norm.weight", 1)
+    q_rows = _shape(shapes, "layers.0.self_attn.q_proj.weight", 2)[0]
+    kv_rows = _shape(shapes, "layers.0.self_attn.k_proj.weight", 2)[0]
+    if q_rows % head_dim or kv_rows % head_dim:
+        raise AnimaError(f"text encoder q/k projections ({q_rows}, {kv_rows} rows) are not multiples of head_dim {head_dim}")
+    intermediate = _shape(shapes, "layers.0.mlp.gate_proj.weight", 2)[0]
+    return _qwen3_config(
+        vocab=vocab,
+        hidden=hidden,
+        layers=1 + max(layer_indices),
+        heads=q_rows // head_dim,
+        kv_heads=kv_rows // head_dim,
+        head_dim=head_dim,
+        intermediate=intermediate,
+    )
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise AnimaError(f"text encoder file not found: {path}")
+    try:
+        tensors = safetensors.torch.load_file(str(path))
+    except (safetensors.SafetensorError, OSError, ValueError) as e:
+        reason = str(e).partition("\n")[0]
+        raise AnimaError(f"cannot read text encoder {path}: {reason} (truncated or not safetensors?)") from None
+    return {_strip_prefix(name): t for name, t in tensors.items() if not name.startswith(IGNORED_PREFIX)}
+
+
+class TextEncoder:
+    """Prompt token ids -> Qwen3 last hidden state (after the final norm), no mask, no padding."""
+
+    def __init__(self, model: Qwen3Model) -> None:
+        self.model = model.eval()
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    @torch.inference_mode()
+    def encode(self, ids: list[int]) -> torch.Tensor:
+        if not ids:
+            raise AnimaError("the text encoder needs at least one token id")
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise AnimaError(f"token id {bad[0]} is outside the text encoder vocabulary (size {self.vocab_size})")
+        out = self.model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False)
+        return out.last_hidden_state.float()
+
+
+def load_text_encoder(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> TextEncoder:
+    """Load a Qwen3 text encoder file ("model." prefix or none; lm_head.* ignored), config from its shapes."""
+    tensors = _read_tensors(Path(path))
+    config = qwen3_config_from_shapes({name: t.shape for name, t in tensors.items()})
+    # Build on the meta device so no random init is computed, then adopt the file's tensors.
+    with torch.device("meta"):
+        model = Qwen3Model(config)
+    expected = model.state_dict()
+    for name, param in expected.items():
+        if name not in tensors:
+            raise AnimaError(f"text encoder file lacks tensor {FILE_PREFIX}{name}")
+        if tensors[name].shape != param.shape:
+            raise AnimaError(
+                f"text encoder tensor {FILE_PREFIX}{name} has shape {list(tensors[name].shape)}, expected {list(param.shape)}"
+            )
+    unknown = sorted(set(tensors) - set(expected))
+    if unknown:
+        raise AnimaError(f"text encoder file has unexpected tensor {FILE_PREFIX}{unknown[0]} ({len(unknown)} in all)")
+    model.load_state_dict(tensors, assign=True, strict=True)
+    model = model.to(dtype)
+    # The RoPE inverse frequencies are a non-persistent buffer, still on meta: compute them, in fp32.
+    model.rotary_emb = type(model.rotary_emb)(config=config)
+    return TextEncoder(model)
+
+
+def write_random_text_encoder(
+    path: str | os.PathLike,
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 2,
+    kv_heads: int = 1,
+    head_dim: int = 32,
+    intermediate: int = 128,
+    vocab: int = 512,
+    seed: int = 0,
+    dtype: torch.dtype = torch.bfloat16,
+) -> None:
+    """Write a randomly initialised Qwen3 text encoder in the real file layout ("model." prefix, no lm_head)."""
+    config = _qwen3_config(
+        vocab=vocab, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim, intermediate=intermediate
+    )
+    with torch.random.fork_rng(devices=[]):  # seed transformers' own init without disturbing the caller's RNG
+        torch.manual_seed(seed)
+        model = Qwen3Model(config)
+    tensors = {FILE_PREFIX + name: t.detach().to(dtype).contiguous() for name, t in model.state_dict().items()}
+    with atomic_path(path) as tmp:
+        safetensors.torch.save_file(tensors, str(tmp), metadata={"format": "pt"})
