@@ -31,9 +31,16 @@ def atomic_path(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Pat
     tmp = Path(tmp_name)
     try:
         yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:

@@ -1,0 +1,112 @@
+"""Where a model set's files are: a directory laid out like the Hugging Face repo, explicit paths, or the hub."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+from .errors import AnimaError
+
+HUB_REPO = "circlestone-labs/Anima"
+HUB_FILES = {
+    "dit": "split_files/diffusion_models/anima-base-v1.0.safetensors",
+    "text_encoder": "split_files/text_encoders/qwen_3_06b_base.safetensors",
+    "vae": "split_files/vae/qwen_image_vae.safetensors",
+}
+HUB_TOKENIZERS = {"qwen3": "Qwen/Qwen3-0.6B", "t5": "google/t5-v1_1-xxl"}
+LAYOUT = {
+    "dit": "split_files/diffusion_models",
+    "text_encoder": "split_files/text_encoders",
+    "vae": "split_files/vae",
+    "qwen_tokenizer": "tokenizers/qwen3",
+    "t5_tokenizer": "tokenizers/t5",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFiles:
+    dit: Path
+    text_encoder: Path
+    vae: Path
+    qwen_tokenizer: Path  # a folder holding tokenizer.json
+    t5_tokenizer: Path
+
+    def check(self) -> ModelFiles:
+        for field in ("dit", "text_encoder", "vae"):
+            path = getattr(self, field)
+            if not path.is_file():
+                raise AnimaError(f"{field.replace('_', ' ')} file not found: {path}")
+        for field in ("qwen_tokenizer", "t5_tokenizer"):
+            path = getattr(self, field)
+            if not (path / "tokenizer.json").is_file():
+                raise AnimaError(f"{field.replace('_', ' ')}: no tokenizer.json in {path}")
+        return self
+
+
+def _single_safetensors(folder: Path, what: str) -> Path:
+    if not folder.is_dir():
+        raise AnimaError(f"model directory has no {what} folder: {folder}")
+    found = sorted(folder.glob("*.safetensors"))
+    if len(found) != 1:
+        listing = ", ".join(p.name for p in found) or "none"
+        raise AnimaError(f"expected one {what} .safetensors in {folder}, found {listing}; pass the file explicitly")
+    return found[0]
+
+
+def from_model_dir(root: str | os.PathLike) -> ModelFiles:
+    root = Path(root)
+    if not root.is_dir():
+        raise AnimaError(f"model directory not found: {root}")
+    return ModelFiles(
+        dit=_single_safetensors(root / LAYOUT["dit"], "diffusion model"),
+        text_encoder=_single_safetensors(root / LAYOUT["text_encoder"], "text encoder"),
+        vae=_single_safetensors(root / LAYOUT["vae"], "VAE"),
+        qwen_tokenizer=root / LAYOUT["qwen_tokenizer"],
+        t5_tokenizer=root / LAYOUT["t5_tokenizer"],
+    ).check()
+
+
+def resolve(model: str | os.PathLike | None, **explicit: str | os.PathLike | None) -> ModelFiles:
+    """A model directory, overridden file by file by explicit paths; a hub id is fetched first."""
+    if model is not None and not Path(model).exists() and str(model).count("/") == 1 and str(model) == HUB_REPO:
+        model = download_from_hub(str(model))
+    base = dataclasses.asdict(from_model_dir(model)) if model is not None else {}
+    given = {k: Path(v) for k, v in explicit.items() if v is not None}
+    missing = [k for k in LAYOUT if k not in base and k not in given]
+    if missing:
+        flags = " ".join(f"--{k.replace('_', '-')}" for k in missing)
+        raise AnimaError(f"no model given: pass --model DIR, or all of {flags}")
+    return ModelFiles(**{**base, **given}).check()
+
+
+def download_from_hub(repo: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Fetch the three checkpoint files and both tokenizers into the model-directory layout."""
+    from huggingface_hub import constants, hf_hub_download
+
+    root = Path(cache_dir or Path.home() / ".cache" / "anima-rknn" / repo.replace("/", "--"))
+    wanted = [(repo, f, root) for f in HUB_FILES.values()]
+    wanted += [(tok_repo, "tokenizer.json", root / LAYOUT[f"{name}_tokenizer"]) for name, tok_repo in
+               (("qwen", HUB_TOKENIZERS["qwen3"]), ("t5", HUB_TOKENIZERS["t5"]))]
+    try:
+        if constants.HF_HUB_OFFLINE:
+            raise ConnectionError("HF_HUB_OFFLINE is set")
+        _probe(constants.ENDPOINT)  # fail in seconds, not after the client's retries with back-off
+        for repo_id, filename, local_dir in wanted:
+            hf_hub_download(repo_id, filename, local_dir=local_dir, etag_timeout=5)
+    except Exception as e:  # any network or hub failure ends in the same advice
+        raise AnimaError(
+            f"cannot download from the Hugging Face hub ({type(e).__name__}). Download by hand: from {repo} "
+            f"{', '.join(HUB_FILES.values())}; tokenizer.json from {HUB_TOKENIZERS['qwen3']} into "
+            f"DIR/{LAYOUT['qwen_tokenizer']}/ and from {HUB_TOKENIZERS['t5']} into DIR/{LAYOUT['t5_tokenizer']}/; "
+            "then pass --model DIR"
+        ) from None
+    return root
+
+
+def _probe(endpoint: str, timeout: float = 3.0) -> None:
+    url = urlparse(endpoint)
+    with socket.create_connection((url.hostname, url.port or 443), timeout=timeout):
+        pass
