@@ -1,0 +1,81 @@
+"""`make-tiny`: a complete random-weight model set in the real file formats and the model-directory layout."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+from .errors import AnimaError
+from .model.config import PRESETS
+from .model.io import random_dit, save_dit
+from .model_set import LAYOUT, ModelFiles, from_model_dir
+from .text import build_word_tokenizers, write_random_text_encoder
+from .vae import WanVAEConfig, random_vae, save_vae
+
+# Enough words for prompts people try first; anything else maps to the unknown token.
+WORDS = (
+    "a an the of on in at with and or 1girl 1boy solo girl boy cat dog woman man long short hair eyes smile "
+    "looking viewer red orange yellow green blue purple pink white black brown gray silver gold background "
+    "circle square triangle star heart sky sea forest city night day sun moon flower flowers tree trees "
+    "mountain river dress shirt hat school uniform portrait landscape anime style masterpiece best worst "
+    "quality low high detailed blurry jpeg artifacts sepia score _ 1 2 3 , . top bottom left right "
+    "center middle small large big cute happy sitting standing holding"
+).split()
+
+# Sizes of the text encoder and VAE that go with each DiT preset (the encoder width feeds the adapter).
+TEXT_ENCODERS = {
+    "tiny": dict(layers=2, heads=2, kv_heads=1, head_dim=32, intermediate=128),
+    "mid": dict(layers=4, heads=4, kv_heads=2, head_dim=64, intermediate=512),
+    "full": dict(layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=3072),
+}
+VAES = {
+    "tiny": WanVAEConfig(dim=16, num_res_blocks=1),
+    "mid": WanVAEConfig(dim=32, num_res_blocks=1),
+    "full": WanVAEConfig(),
+}
+FULL_QWEN_VOCAB = 151936
+
+
+def write_model_set(out: Path, preset: str = "tiny", tokenizers: Path | None = None, seed: int = 0,
+                    overwrite: bool = False) -> ModelFiles:
+    """Write DiT+adapter, Qwen3 and Wan VAE files with seeded random weights, plus both tokenizers.
+
+    `tokenizers` may name a folder holding the real `qwen3/` and `t5/` tokenizers; otherwise small word-level
+    ones are built. Vocabulary sizes follow the tokenizers (the full preset keeps the real model's sizes).
+    """
+    if preset not in PRESETS:
+        raise AnimaError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise AnimaError(f"{out} is not empty; pass --overwrite to replace the model set in it")
+    qwen_dir, t5_dir = out / LAYOUT["qwen_tokenizer"], out / LAYOUT["t5_tokenizer"]
+    for d in (qwen_dir, t5_dir, out / LAYOUT["dit"], out / LAYOUT["text_encoder"], out / LAYOUT["vae"]):
+        d.mkdir(parents=True, exist_ok=True)
+    if tokenizers is not None:
+        for name, dest in (("qwen3", qwen_dir), ("t5", t5_dir)):
+            source = Path(tokenizers) / name / "tokenizer.json"
+            if not source.is_file():
+                raise AnimaError(f"no tokenizer.json in {source.parent}")
+            shutil.copy(source, dest / "tokenizer.json")
+    else:
+        build_word_tokenizers(list(WORDS), qwen_dir, t5_dir)
+    qwen_vocab, t5_vocab = _vocab_size(qwen_dir), _vocab_size(t5_dir)
+
+    config = PRESETS[preset]
+    if preset == "full":
+        qwen_vocab, t5_vocab = FULL_QWEN_VOCAB, config.t5_vocab
+    config = dataclasses.replace(config, t5_vocab=max(t5_vocab, 1))
+    save_dit(random_dit(config, seed), out / LAYOUT["dit"] / f"anima-{preset}-random.safetensors")
+    write_random_text_encoder(out / LAYOUT["text_encoder"] / f"qwen3-{preset}-random.safetensors",
+                              hidden=config.adapter_source_dim, vocab=qwen_vocab, seed=seed + 1,
+                              **TEXT_ENCODERS[preset])
+    save_vae(random_vae(VAES[preset], seed=seed + 2), out / LAYOUT["vae"] / f"wan-vae-{preset}-random.safetensors")
+    return from_model_dir(out)
+
+
+def _vocab_size(tokenizer_dir: Path) -> int:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size()
+

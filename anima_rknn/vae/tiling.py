@@ -1,0 +1,60 @@
+"""Tiled VAE decoding: bounded memory (and fixed tile shapes for accelerators) for large images.
+
+Tiles are all `tile_px` square (the last one in a row or column is shifted back to end at the image
+edge instead of being cut short) and are blended with linear ramps over `overlap_px` pixels on the
+sides that face another tile; dividing by the summed weights makes any overlap blend correctly.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..errors import AnimaError
+from .wan import WanVAE
+
+
+def _tile_starts(length: int, tile: int, overlap: int) -> list[int]:
+    if length <= tile:
+        return [0]
+    return [*range(0, length - tile, tile - overlap), length - tile]
+
+
+def _feather(start: int, size: int, total: int, ramp: int) -> Tensor:
+    """1-D blend weights of one tile: rising over `ramp` pixels at each side that is not the image edge."""
+    weights = torch.ones(size)
+    if ramp:
+        rise = torch.arange(1, ramp + 1, dtype=torch.float32) / (ramp + 1)
+        if start > 0:
+            weights[:ramp] *= rise
+        if start + size < total:
+            weights[-ramp:] *= rise.flip(0)
+    return weights
+
+
+def decode_tiled(vae: WanVAE, z: Tensor, tile_px: int = 512, overlap_px: int = 64) -> Tensor:
+    """Decode a normalised latent [B, z, h, w] tile by tile; same result as `vae.decode` for one tile."""
+    s = vae.scale_factor
+    if tile_px <= 0 or overlap_px < 0 or tile_px % s or overlap_px % s:
+        raise AnimaError(f"VAE tile size and overlap must be multiples of {s} pixels, got {tile_px} and {overlap_px}")
+    if overlap_px >= tile_px:
+        raise AnimaError(f"VAE tile overlap ({overlap_px} px) must be smaller than the tile ({tile_px} px)")
+    tile, overlap = tile_px // s, overlap_px // s
+    height, width = z.shape[-2:]
+    rows, cols = _tile_starts(height, tile, overlap), _tile_starts(width, tile, overlap)
+    if len(rows) == 1 and len(cols) == 1:
+        return vae.decode(z)
+
+    tile_h, tile_w = min(tile, height), min(tile, width)
+    image = torch.zeros(z.shape[0], 3, height * s, width * s, device=z.device)
+    weight_sum = torch.zeros(height * s, width * s, device=z.device)
+    for y in rows:
+        weight_y = _feather(y * s, tile_h * s, height * s, overlap_px).to(z.device)
+        for x in cols:
+            weight_x = _feather(x * s, tile_w * s, width * s, overlap_px).to(z.device)
+            weights = weight_y[:, None] * weight_x[None, :]
+            decoded = vae.decode(z[..., y : y + tile_h, x : x + tile_w])
+            region = (slice(y * s, (y + tile_h) * s), slice(x * s, (x + tile_w) * s))
+            image[(..., *region)] += decoded * weights
+            weight_sum[region] += weights
+    return image / weight_sum

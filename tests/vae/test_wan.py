@@ -1,0 +1,258 @@
+"""The Wan VAE against diffusers' AutoencoderKLQwenImage, the formats.md key table, and bad files."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from diffusers import AutoencoderKLQwenImage
+from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from anima_rknn.errors import AnimaError
+from anima_rknn.vae import WanVAEConfig, file_shapes, load_vae, random_vae, save_vae
+
+# Wan 2.1 statistics as printed in the spec (anima.md, VAE section).
+SPEC_MEAN = [-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+             0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921]  # fmt: skip
+SPEC_STD = [2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+            3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160]  # fmt: skip
+
+SMALL = WanVAEConfig(dim=16)
+
+
+def _to_diffusers_key(key: str, num_res_blocks: int) -> str:
+    """formats.md (c) mapping, Wan -> diffusers, for any number of residual blocks per level."""
+    residual = [("residual.0.", "norm1."), ("residual.2.", "conv1."), ("residual.3.", "norm2."),
+                ("residual.6.", "conv2."), ("shortcut.", "conv_shortcut.")]  # fmt: skip
+
+    def rename_residual(rest: str) -> str:
+        for old, new in residual:
+            if rest.startswith(old):
+                return new + rest[len(old) :]
+        return rest
+
+    top = {"conv1.": "quant_conv.", "conv2.": "post_quant_conv."}
+    for old, new in top.items():
+        if key.startswith(old):
+            return new + key[len(old) :]
+    part, rest = key.split(".", 1)
+    fixed = {"conv1.": "conv_in.", "head.0.": "norm_out.", "head.2.": "conv_out.", "middle.1.": "mid_block.attentions.0."}
+    for old, new in fixed.items():
+        if rest.startswith(old):
+            return f"{part}.{new}{rest[len(old):]}"
+    if m := re.match(r"middle\.([02])\.(.*)", rest):
+        return f"{part}.mid_block.resnets.{int(m[1]) // 2}.{rename_residual(m[2])}"
+    if m := re.match(r"downsamples\.(\d+)\.(.*)", rest):
+        return f"{part}.down_blocks.{m[1]}.{rename_residual(m[2])}"
+    m = re.match(r"upsamples\.(\d+)\.(.*)", rest)
+    assert m, key
+    level, index = divmod(int(m[1]), num_res_blocks + 2)
+    if index == num_res_blocks + 1:
+        return f"{part}.up_blocks.{level}.upsamplers.0.{m[2]}"
+    return f"{part}.up_blocks.{level}.resnets.{index}.{rename_residual(m[2])}"
+
+
+def _diffusers_vae(path: Path, config: WanVAEConfig) -> AutoencoderKLQwenImage:
+    levels = len(config.dim_mult)
+    model = AutoencoderKLQwenImage(
+        base_dim=config.dim,
+        z_dim=config.z_dim,
+        dim_mult=list(config.dim_mult),
+        num_res_blocks=config.num_res_blocks,
+        temperal_downsample=[False, True, True][: levels - 1],
+    )
+    wan = load_file(str(path))
+    mine = {_to_diffusers_key(k, config.num_res_blocks): v for k, v in wan.items()}
+    if config.num_res_blocks == 2 and levels == 4:
+        # diffusers' own converter only knows this layout; it must agree with the table above.
+        theirs = convert_wan_vae_to_diffusers(wan)
+        assert theirs.keys() == mine.keys()
+        mine = theirs
+    model.load_state_dict(mine, strict=True)
+    return model.eval()
+
+
+PARITY_CASES = [
+    (SMALL, (5, 7)),
+    (WanVAEConfig(dim=16, num_res_blocks=1), (4, 6)),
+    # 3 levels (4x), z_dim 8 and non-default statistics that must travel in the metadata.
+    (
+        WanVAEConfig(dim=8, z_dim=8, dim_mult=(1, 2, 3), num_res_blocks=1,
+                     latents_mean=tuple(0.1 * i for i in range(8)), latents_std=tuple(1 + 0.2 * i for i in range(8))),
+        (6, 5),
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize(("config", "latent_hw"), PARITY_CASES)
+def test_decode_and_encode_match_diffusers(tmp_path: Path, config: WanVAEConfig, latent_hw: tuple[int, int]) -> None:
+    path = tmp_path / "vae.safetensors"
+    save_vae(random_vae(config, seed=1), path, dtype=torch.float32)
+    ours = load_vae(path, decode_only=False)
+    assert ours.config == config
+    theirs = _diffusers_vae(path, config)
+    mean = torch.tensor(config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(config.latents_std).view(1, -1, 1, 1, 1)
+
+    torch.manual_seed(0)
+    z = torch.randn(2, config.z_dim, *latent_hw)
+    image = torch.rand(1, 3, 8 * config.scale_factor, 6 * config.scale_factor)
+    with torch.no_grad():
+        decoded = ours.decode(z)
+        reference = theirs.decode(z.unsqueeze(2) * std + mean).sample[:, :, 0]
+        encoded = ours.encode(image)
+        posterior_mean = theirs.encode((image * 2 - 1).unsqueeze(2)).latent_dist.mean
+    reference = (reference + 1) / 2
+    assert decoded.shape == (2, 3, latent_hw[0] * config.scale_factor, latent_hw[1] * config.scale_factor)
+    assert (decoded - reference).abs().max().item() <= 1e-4  # measured ~1e-6
+    assert 0.05 < reference.std().item()  # the comparison is not between two flat images
+    reference_latent = ((posterior_mean - mean) / std)[:, :, 0]
+    assert (encoded - reference_latent).abs().max().item() <= 1e-4  # measured ~1e-6
+
+
+def test_full_size_layout_matches_formats_table() -> None:
+    shapes = file_shapes(WanVAEConfig())  # meta device: nothing allocated
+    assert len(shapes) == 194
+    assert len(file_shapes(WanVAEConfig(), decode_only=True)) == 108
+    assert sum(torch.Size(s).numel() for s in shapes.values()) == pytest.approx(126.9e6, rel=1e-3)
+    expected = {
+        "conv1.weight": (32, 32, 1, 1, 1),
+        "conv2.weight": (16, 16, 1, 1, 1),
+        "encoder.conv1.weight": (96, 3, 3, 3, 3),
+        "encoder.downsamples.2.resample.1.weight": (96, 96, 3, 3),
+        "encoder.downsamples.5.time_conv.weight": (192, 192, 3, 1, 1),
+        "encoder.downsamples.3.shortcut.weight": (192, 96, 1, 1, 1),
+        "encoder.head.2.weight": (32, 384, 3, 3, 3),
+        "decoder.conv1.weight": (384, 16, 3, 3, 3),
+        "decoder.middle.0.residual.0.gamma": (384, 1, 1, 1),
+        "decoder.middle.1.norm.gamma": (384, 1, 1),
+        "decoder.middle.1.to_qkv.weight": (1152, 384, 1, 1),
+        "decoder.middle.1.proj.weight": (384, 384, 1, 1),
+        "decoder.upsamples.3.resample.1.weight": (192, 384, 3, 3),
+        "decoder.upsamples.3.time_conv.weight": (768, 384, 3, 1, 1),
+        "decoder.upsamples.4.shortcut.weight": (384, 192, 1, 1, 1),
+        "decoder.upsamples.11.resample.1.weight": (96, 192, 3, 3),
+        "decoder.upsamples.14.residual.6.weight": (96, 96, 3, 3, 3),
+        "decoder.head.0.gamma": (96, 1, 1, 1),
+        "decoder.head.2.weight": (3, 96, 3, 3, 3),
+    }
+    for name, shape in expected.items():
+        assert shapes[name] == shape, name
+    assert "decoder.upsamples.11.time_conv.weight" not in shapes  # the 2-D upsampler
+    assert "encoder.downsamples.2.time_conv.weight" not in shapes  # the 2-D downsampler
+
+
+def test_saved_file_layout_and_unused_slices(tmp_path: Path) -> None:
+    path = tmp_path / "vae.safetensors"
+    vae = random_vae(SMALL, seed=2)
+    save_vae(vae, path)
+    with safe_open(str(path), framework="pt") as f:
+        assert f.metadata() in (None, {})  # default statistics are not written
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        kernel_file = f.get_tensor("decoder.upsamples.0.residual.2.weight")
+        time_conv = f.get_tensor("decoder.upsamples.3.time_conv.weight")
+    assert shapes == file_shapes(SMALL)
+    assert kernel_file.dtype == torch.bfloat16
+    kernel = vae.decoder.upsamples[0].residual[2].weight
+    assert torch.equal(kernel_file[:, :, -1], kernel.to(torch.bfloat16))
+    # Unused slices are random, not copies or zeros, so a loader reading the wrong slice would fail parity.
+    assert not torch.equal(kernel_file[:, :, 0], kernel_file[:, :, -1])
+    assert kernel_file[:, :, 0].float().std() > 0.5 * kernel.std()
+    assert time_conv.float().abs().sum() > 0
+
+
+def test_custom_statistics_round_trip_through_metadata(tmp_path: Path) -> None:
+    config = WanVAEConfig(dim=8, latents_mean=tuple(range(16)), latents_std=tuple(0.5 + i for i in range(16)))
+    path = tmp_path / "vae.safetensors"
+    save_vae(random_vae(config, seed=3), path)
+    with safe_open(str(path), framework="pt") as f:
+        assert json.loads(f.metadata()["latents_mean"]) == list(range(16))
+    assert load_vae(path).config == config
+
+
+def test_defaults_are_the_spec_values() -> None:
+    assert list(WanVAEConfig().latents_mean) == SPEC_MEAN
+    assert list(WanVAEConfig().latents_std) == SPEC_STD
+    with pytest.raises(AnimaError, match="16 entries"):
+        WanVAEConfig(latents_mean=(0.0,) * 15)
+
+
+def test_random_vae_is_seeded_finite_and_unsaturated() -> None:
+    torch.manual_seed(0)
+    z = torch.randn(1, 16, 8, 8)
+    with torch.no_grad():
+        image = random_vae(SMALL, seed=4).decode(z)
+        again = random_vae(SMALL, seed=4).decode(z)
+        other = random_vae(SMALL, seed=5).decode(z)
+    assert torch.equal(image, again) and not torch.equal(image, other)
+    assert torch.isfinite(image).all()
+    saturated = ((image == 0) | (image == 1)).float().mean().item()
+    assert saturated < 0.05 and image.std().item() > 0.02
+
+
+def test_bf16_load_decodes_close_to_fp32(tmp_path: Path) -> None:
+    path = tmp_path / "vae.safetensors"
+    save_vae(random_vae(SMALL, seed=6), path)
+    z = torch.randn(1, 16, 4, 4, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = load_vae(path).decode(z)
+        half = load_vae(path, dtype=torch.bfloat16).decode(z)
+    assert half.dtype == torch.float32
+    assert (full - half).abs().mean().item() < 0.02
+
+
+def test_decode_only_skips_encoder(tmp_path: Path) -> None:
+    path = tmp_path / "vae.safetensors"
+    save_vae(random_vae(SMALL, seed=7), path)
+    decoder_only = {k: v for k, v in load_file(str(path)).items() if k.startswith(("decoder.", "conv2."))}
+    save_file(decoder_only, str(path))
+    vae = load_vae(path)
+    assert vae.encoder is None
+    with pytest.raises(AnimaError, match="decode-only"):
+        vae.encode(torch.rand(1, 3, 16, 16))
+    with pytest.raises(AnimaError, match="missing encoder.conv1.weight"):
+        load_vae(path, decode_only=False)
+
+
+@pytest.fixture(scope="module")
+def small_file_tensors(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    path = tmp_path_factory.mktemp("vae") / "vae.safetensors"
+    save_vae(random_vae(WanVAEConfig(dim=8), seed=8), path)
+    return load_file(str(path))
+
+
+def test_missing_key_is_named(tmp_path: Path, small_file_tensors: dict[str, torch.Tensor]) -> None:
+    path = tmp_path / "vae.safetensors"
+    for key in ("decoder.conv1.weight", "decoder.middle.1.proj.bias"):
+        save_file({k: v for k, v in small_file_tensors.items() if k != key}, str(path))
+        with pytest.raises(AnimaError, match=rf"not a Wan VAE file: missing {re.escape(key)}$"):
+            load_vae(path)
+
+
+def test_wrong_shape_is_named(tmp_path: Path, small_file_tensors: dict[str, torch.Tensor]) -> None:
+    path = tmp_path / "vae.safetensors"
+    save_file({**small_file_tensors, "decoder.middle.1.norm.gamma": torch.ones(32)}, str(path))
+    with pytest.raises(AnimaError, match=r"decoder\.middle\.1\.norm\.gamma has shape \[32\], expected \[32, 1, 1\]"):
+        load_vae(path)
+
+
+def test_truncated_missing_and_foreign_files(tmp_path: Path, small_file_tensors: dict[str, torch.Tensor]) -> None:
+    path = tmp_path / "vae.safetensors"
+    save_file(small_file_tensors, str(path))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(AnimaError, match="is truncated or not a safetensors file"):
+        load_vae(path)
+    path.write_bytes(b"this is a text file, not a checkpoint\n" * 10)
+    with pytest.raises(AnimaError, match="is truncated or not a safetensors file"):
+        load_vae(path)
+    with pytest.raises(AnimaError, match="does not exist"):
+        load_vae(tmp_path / "nowhere.safetensors")
+    save_file({"weight": torch.zeros(2)}, str(path))
+    with pytest.raises(AnimaError, match="missing decoder.conv1.weight"):
+        load_vae(path)
