@@ -1,0 +1,23 @@
+"""Anima text-to-image on small machines. Imports are lazy so `anima_rknn.spectrum` works without torch."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "load_dit": "anima_rknn.model.io",
+    "AnimaPipeline": "anima_rknn.pipeline",
+    "GenerationParams": "anima_rknn.pipeline",
+    "resolve_model": "anima_rknn.model_set",
+    "Spectrum": "anima_rknn.spectrum",
+    "AnimaError": "anima_rknn.errors",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'anima_rknn' has no attribute {name!r}")
+    module = importlib.import_module(_EXPORTS[name])
+    return getattr(module, "resolve" if name == "resolve_model" else name)

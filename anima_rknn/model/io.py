@@ -25,9 +25,12 @@ def _strip(name: str) -> str:
 
 
 def read_dit_config(path: str | os.PathLike) -> DiTConfig:
+    """Sizes from the file header, every tensor's presence and shape checked; no tensor data is read."""
     shapes = {_strip(k): v for k, v in read_shapes(path, "DiT").items()}
     context_tokens = int(read_metadata(path, "DiT").get(CONTEXT_TOKENS_KEY, CONTEXT_TOKENS))
-    return infer_dit_config(shapes, context_tokens)
+    config = infer_dit_config(shapes, context_tokens)
+    check_shapes(shapes, expected_shapes(config), "Anima DiT")
+    return config
 
 
 def expected_shapes(config: DiTConfig) -> dict[str, tuple[int, ...]]:
@@ -43,7 +46,6 @@ def load_dit(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Ani
     config = read_dit_config(path)
     tensors = {_strip(k): v for k, v in load_tensors(path, "DiT").items()}
     expected = expected_shapes(config)
-    check_shapes({k: v.shape for k, v in tensors.items()}, expected, "Anima DiT")
     tensors = {k: tensors[k].to(dtype if _BODY.match(k) else torch.float32) for k in expected}
     with torch.device("meta"):
         model = AnimaDiT(config)

@@ -9,6 +9,7 @@ from .wan import (
     file_shapes,
     load_vae,
     random_vae,
+    read_vae_config,
     save_vae,
 )
 
@@ -21,5 +22,6 @@ __all__ = [
     "file_shapes",
     "load_vae",
     "random_vae",
+    "read_vae_config",
     "save_vae",
 ]

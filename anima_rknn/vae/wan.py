@@ -359,6 +359,18 @@ def _infer_config(path: Path, shapes: dict[str, tuple[int, ...]], metadata: dict
     )
 
 
+def read_vae_config(path: str | os.PathLike) -> WanVAEConfig:
+    """The VAE's sizes from the file header alone: a cheap check before any stage runs."""
+    path = Path(path)
+    if not path.is_file():
+        raise AnimaError(f"VAE file {path} does not exist")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return _infer_config(path, {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}, f.metadata() or {})
+    except (SafetensorError, OSError) as e:
+        raise AnimaError(f"{path} is truncated or not a safetensors file ({e})") from None
+
+
 def load_vae(path: str | os.PathLike, *, decode_only: bool = True, dtype: torch.dtype = torch.float32) -> WanVAE:
     """Load a Wan/ComfyUI-named VAE file; sizes (dim, z_dim, dim_mult, res blocks) come from its shapes."""
     path = Path(path)

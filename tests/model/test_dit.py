@@ -2,72 +2,20 @@
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from anima_rknn.model.config import PRESETS
 from anima_rknn.model.dit import patchify, unpatchify
 from anima_rknn.model.io import random_dit
 
-diffusers = pytest.importorskip("diffusers")
-from diffusers.models.transformers import transformer_cosmos  # noqa: E402
-
-# Cosmos-Predict2 checkpoint names -> diffusers names (formats.md, "diffusers mapping").
-RENAMES = [
-    ("x_embedder.proj.1", "patch_embed.proj"),
-    ("t_embedder.1", "time_embed.t_embedder"),
-    ("t_embedding_norm", "time_embed.norm"),
-    ("blocks.", "transformer_blocks."),
-    ("self_attn.", "attn1."),
-    ("cross_attn.", "attn2."),
-    ("q_proj", "to_q"), ("k_proj", "to_k"), ("v_proj", "to_v"),
-    ("output_proj", "to_out.0"),
-    ("q_norm", "norm_q"), ("k_norm", "norm_k"),
-    ("mlp.layer1", "ff.net.0.proj"), ("mlp.layer2", "ff.net.2"),
-    ("adaln_modulation_attn1.", "norm1.linear_"), ("adaln_modulation_attn2.", "norm2.linear_"),
-    ("adaln_modulation_mlp.", "norm3.linear_"),
-    ("final_layer.adaln_modulation.", "norm_out.linear_"),
-    ("final_layer.linear", "proj_out"),
-]
-
-
-def to_diffusers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, value in state.items():
-        if name.startswith("llm_adapter."):
-            continue
-        for old, new in RENAMES:
-            name = name.replace(old, new)
-        out[name] = value
-    return out
-
-
-class _NearestResize:
-    """Stand-in for torchvision's resize (see formats.md: torchvision does not import beside this torch)."""
-
-    class InterpolationMode:
-        NEAREST = "nearest"
-
-    class functional:  # noqa: N801 - mirrors torchvision's module name
-        @staticmethod
-        def resize(x, size, interpolation=None):
-            return x if list(x.shape[-2:]) == list(size) else F.interpolate(x, size=size, mode="nearest")
+pytest.importorskip("diffusers")
+from diffusers_reference import diffusers_dit  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def models():
     config = PRESETS["tiny"]
     ours = random_dit(config, seed=1)
-    reference = transformer_cosmos.CosmosTransformer3DModel(
-        in_channels=16, out_channels=16, num_attention_heads=config.heads, attention_head_dim=config.head_dim,
-        num_layers=config.blocks, mlp_ratio=config.mlp / config.hidden, text_embed_dim=config.context_dim,
-        adaln_lora_dim=config.adaln_lora, patch_size=(1, 2, 2), rope_scale=(1.0, 4.0, 4.0),
-        concat_padding_mask=True, extra_pos_embed_type=None,
-    ).eval()
-    # The two linears of each AdaLN are `.1`/`.2` in the checkpoint and `linear_1`/`linear_2` in diffusers.
-    state = {k.replace("linear_.", "linear_"): v for k, v in to_diffusers(ours.state_dict()).items()}
-    reference.load_state_dict(state, strict=True)
-    transformer_cosmos.transforms = _NearestResize
-    return ours, reference
+    return ours, diffusers_dit(config, ours.state_dict())
 
 
 def _inputs(h=8, w=12, batch=2):

@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from diffusers import AutoencoderKLQwenImage
-from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from anima_rknn.errors import AnimaError
 from anima_rknn.vae import WanVAEConfig, file_shapes, load_vae, random_vae, save_vae
+from diffusers_reference import diffusers_vae
 
 # Wan 2.1 statistics as printed in the spec (anima.md, VAE section).
 SPEC_MEAN = [-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
@@ -23,58 +22,6 @@ SPEC_STD = [2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
             3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160]  # fmt: skip
 
 SMALL = WanVAEConfig(dim=16)
-
-
-def _to_diffusers_key(key: str, num_res_blocks: int) -> str:
-    """formats.md (c) mapping, Wan -> diffusers, for any number of residual blocks per level."""
-    residual = [("residual.0.", "norm1."), ("residual.2.", "conv1."), ("residual.3.", "norm2."),
-                ("residual.6.", "conv2."), ("shortcut.", "conv_shortcut.")]  # fmt: skip
-
-    def rename_residual(rest: str) -> str:
-        for old, new in residual:
-            if rest.startswith(old):
-                return new + rest[len(old) :]
-        return rest
-
-    top = {"conv1.": "quant_conv.", "conv2.": "post_quant_conv."}
-    for old, new in top.items():
-        if key.startswith(old):
-            return new + key[len(old) :]
-    part, rest = key.split(".", 1)
-    fixed = {"conv1.": "conv_in.", "head.0.": "norm_out.", "head.2.": "conv_out.", "middle.1.": "mid_block.attentions.0."}
-    for old, new in fixed.items():
-        if rest.startswith(old):
-            return f"{part}.{new}{rest[len(old):]}"
-    if m := re.match(r"middle\.([02])\.(.*)", rest):
-        return f"{part}.mid_block.resnets.{int(m[1]) // 2}.{rename_residual(m[2])}"
-    if m := re.match(r"downsamples\.(\d+)\.(.*)", rest):
-        return f"{part}.down_blocks.{m[1]}.{rename_residual(m[2])}"
-    m = re.match(r"upsamples\.(\d+)\.(.*)", rest)
-    assert m, key
-    level, index = divmod(int(m[1]), num_res_blocks + 2)
-    if index == num_res_blocks + 1:
-        return f"{part}.up_blocks.{level}.upsamplers.0.{m[2]}"
-    return f"{part}.up_blocks.{level}.resnets.{index}.{rename_residual(m[2])}"
-
-
-def _diffusers_vae(path: Path, config: WanVAEConfig) -> AutoencoderKLQwenImage:
-    levels = len(config.dim_mult)
-    model = AutoencoderKLQwenImage(
-        base_dim=config.dim,
-        z_dim=config.z_dim,
-        dim_mult=list(config.dim_mult),
-        num_res_blocks=config.num_res_blocks,
-        temperal_downsample=[False, True, True][: levels - 1],
-    )
-    wan = load_file(str(path))
-    mine = {_to_diffusers_key(k, config.num_res_blocks): v for k, v in wan.items()}
-    if config.num_res_blocks == 2 and levels == 4:
-        # diffusers' own converter only knows this layout; it must agree with the table above.
-        theirs = convert_wan_vae_to_diffusers(wan)
-        assert theirs.keys() == mine.keys()
-        mine = theirs
-    model.load_state_dict(mine, strict=True)
-    return model.eval()
 
 
 PARITY_CASES = [
@@ -95,7 +42,7 @@ def test_decode_and_encode_match_diffusers(tmp_path: Path, config: WanVAEConfig,
     save_vae(random_vae(config, seed=1), path, dtype=torch.float32)
     ours = load_vae(path, decode_only=False)
     assert ours.config == config
-    theirs = _diffusers_vae(path, config)
+    theirs = diffusers_vae(path, config)
     mean = torch.tensor(config.latents_mean).view(1, -1, 1, 1, 1)
     std = torch.tensor(config.latents_std).view(1, -1, 1, 1, 1)
 

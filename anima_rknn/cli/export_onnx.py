@@ -1,0 +1,38 @@
+"""`anima-rknn export-onnx`: write the static-shape ONNX subgraph set for one resolution."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..errors import AnimaError
+from ..export.onnx import export_subgraphs
+from ..model_set import LAYOUT, _single_safetensors
+from . import cli
+
+EXPORT_DTYPES = {"fp32": "float32", "fp16": "float16"}
+
+
+def dit_file(model_dir: Path | None, dit: Path | None) -> Path:
+    if (model_dir is None) == (dit is None):
+        raise AnimaError("pass exactly one of --model DIR or --dit FILE")
+    return dit if dit is not None else _single_safetensors(model_dir / LAYOUT["dit"], "diffusion model")
+
+
+@cli.command("export-onnx")
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Model directory in the Hugging Face layout (DiT: split_files/diffusion_models/*.safetensors).")
+@click.option("--dit", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="DiT .safetensors file.")
+@click.option("--width", "-W", type=int, default=512, show_default=True, help="Image width (multiple of 16).")
+@click.option("--height", "-H", type=int, default=512, show_default=True, help="Image height (multiple of 16).")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Folder for the set.")
+@click.option("--dtype", type=click.Choice(list(EXPORT_DTYPES)), default="fp32", show_default=True,
+              help="Precision of the subgraphs (the host side always stays fp32).")
+@click.option("--overwrite", is_flag=True, help="Replace what is already in --out.")
+def export_onnx(model_dir: Path | None, dit: Path | None, width: int, height: int, out: Path, dtype: str,
+                overwrite: bool) -> None:
+    """Export the DiT's attention and MLP bodies (3 per block) as ONNX subgraphs for one image size."""
+    manifest = export_subgraphs(dit_file(model_dir, dit), width, height, out, EXPORT_DTYPES[dtype],
+                                overwrite=overwrite)
+    click.echo(f"wrote {width}x{height} {dtype} subgraphs and {manifest.name} to {out}")

@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+from PIL import PngImagePlugin
+from tqdm import tqdm
+
+from ..errors import AnimaError
+from ..files import atomic_path
+from ..model_set import resolve
+from ..pipeline import AnimaPipeline, GenerationParams, GenerationResult, png_parameters
+from ..sampling.caches import CACHE_NAMES, parse_cache_options
+from . import cli
+from .options import model_options, sampling_options
+
+SPECTRUM_TYPES = {"w": float, "m": int, "lam": float, "window": int, "flex": float, "warmup": int, "stop": float}
+
+
+def check_output(path: Path, overwrite: bool) -> None:
+    """Fail before any work is done, not after minutes of denoising."""
+    if path.suffix.lower() != ".png":
+        raise AnimaError(f"output must be a .png file, got {path}")
+    if path.exists() and not overwrite:
+        raise AnimaError(f"{path} exists; pass --overwrite to replace it")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise AnimaError(f"cannot write {path}: folder {folder} does not exist or is not writable")
+
+
+def cache_options(text: str | None, spectrum: dict[str, float | None]) -> dict[str, float | str]:
+    options = parse_cache_options(text) if text else {}
+    options.update({k: v for k, v in spectrum.items() if v is not None})
+    return options
+
+
+def save_png(result: GenerationResult, path: Path, model_name: str) -> None:
+    info = PngImagePlugin.PngInfo()
+    info.add_text("parameters", png_parameters(result.params, model_name, result))
+    with atomic_path(path) as tmp:
+        result.image.save(tmp, format="PNG", pnginfo=info)
+
+
+def summary(result: GenerationResult, out: Path | None) -> dict:
+    sample = result.denoised.sample
+    return {
+        "image": str(out) if out is not None else None,
+        "width": result.params.width, "height": result.params.height, "steps": result.params.steps,
+        "cfg": result.params.cfg, "seed": result.params.seed, "backend": result.params.backend,
+        "dtype": result.params.dtype, "cache": result.params.cache,
+        "cache_options": result.params.cache_options,
+        "timings": {k: round(v, 4) for k, v in result.timings().items()},
+        "transformer_passes": result.denoised.transformer_passes,
+        "subgraph_runs": result.denoised.subgraph_runs,
+        "computed_steps": sample.computed_steps, "skipped_steps": sample.skipped_steps,
+        "recomputed_steps": sample.recomputed_steps,
+        "finite": result.finite,
+    }
+
+
+def spectrum_option(key: str):
+    return click.option(f"--spectrum-{key}", f"spectrum_{key}", type=SPECTRUM_TYPES[key], default=None,
+                        help=f"Spectrum {key} (overrides --cache-option).")
+
+
+@cli.command("generate")
+@model_options
+@sampling_options
+@click.option("--cache", type=click.Choice(CACHE_NAMES), default="none", show_default=True,
+              help="Step cache: none = every step computed (the exact baseline).")
+@click.option("--cache-option", "cache_option", default=None,
+              help='stable-diffusion.cpp style, e.g. "w=0.4,m=3,lam=1.0,window=2,flex=0.5,warmup=4,stop=0.9".')
+@spectrum_option("w")
+@spectrum_option("m")
+@spectrum_option("lam")
+@spectrum_option("window")
+@spectrum_option("flex")
+@spectrum_option("warmup")
+@spectrum_option("stop")
+@click.option("--vae-tiling", is_flag=True, help="Decode in overlapping tiles (less memory).")
+@click.option("--vae-tile-size", type=int, default=512, show_default=True, help="Tile size in pixels.")
+@click.option("--vae-tile-overlap", type=int, default=64, show_default=True, help="Tile overlap in pixels.")
+@click.option("--out", "-o", default="out.png", show_default=True, type=click.Path(dir_okay=False))
+@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results on stdout.")
+def generate(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, negative, width, height, steps,
+             cfg, seed, shift, dtype, backend, subgraphs, cache, cache_option, vae_tiling, vae_tile_size,
+             vae_tile_overlap, out, overwrite, as_json, **spectrum) -> None:
+    """Generate one image."""
+    out_path = Path(out)
+    params = GenerationParams(
+        prompt=prompt, negative=negative, width=width, height=height, steps=steps, cfg=cfg, seed=seed,
+        shift=shift, dtype=dtype, cache=cache,
+        cache_options=cache_options(cache_option, {k.removeprefix("spectrum_"): v for k, v in spectrum.items()}),
+        backend=backend, subgraphs=Path(subgraphs) if subgraphs else None,
+        vae_tile=vae_tile_size if vae_tiling else None, vae_overlap=vae_tile_overlap,
+    )
+    params.validate()
+    check_output(out_path, overwrite)
+    files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
+                    t5_tokenizer=t5_tokenizer)
+    pipeline = AnimaPipeline(files)
+
+    with tqdm(total=steps, desc="denoise", unit="step", file=sys.stderr, dynamic_ncols=True) as bar:
+        def on_step(step: int, total: int, skipped: bool) -> None:
+            bar.set_postfix_str("forecast" if skipped else "model")
+            bar.update(1)
+
+        result = pipeline.generate(params, on_step=on_step)
+
+    if result.finite:
+        save_png(result, out_path, files.dit.name)
+    report = summary(result, out_path if result.finite else None)
+    if as_json:
+        click.echo(json.dumps(report))
+    echo = (lambda s: click.echo(s, err=True)) if as_json else click.echo
+    t = report["timings"]
+    echo(f"{'wrote ' + str(out_path) if result.finite else 'NO IMAGE WRITTEN'}: {width}x{height}, {steps} steps, "
+         f"cache {cache}: computed {len(report['computed_steps'])}/{steps} steps, "
+         f"{report['transformer_passes']} transformer passes, {report['subgraph_runs']} subgraph runs; "
+         f"encode {t['encode_s']:.2f}s, denoise {t['denoise_s']:.2f}s, decode {t['decode_s']:.2f}s, "
+         f"total {t['total_s']:.2f}s (excl. encode)")
+    if report["recomputed_steps"]:
+        echo(f"numerical guard: non-finite forecast, recomputed steps {report['recomputed_steps']}")
+    if not result.finite:
+        raise AnimaError("the final latent is not finite (NaN/Inf); no image was written")

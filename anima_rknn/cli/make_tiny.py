@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..tiny_set import write_model_set
+from . import cli
+
+
+@cli.command("make-tiny")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for the model set.")
+@click.option("--preset", type=click.Choice(["tiny", "mid", "full"]), default="tiny", show_default=True,
+              help="Model sizes; full = real Anima sizes (a few GB, for memory and speed measurements).")
+@click.option("--tokenizers", type=click.Path(file_okay=False), default=None,
+              help="Folder with the real qwen3/ and t5/ tokenizers to copy in (default: small built ones).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--overwrite", is_flag=True, help="Replace a model set already in --out.")
+def make_tiny(out: str, preset: str, tokenizers: str | None, seed: int, overwrite: bool) -> None:
+    """Write a random-weight model set in the real file formats and the Hugging Face layout."""
+    files = write_model_set(Path(out), preset, Path(tokenizers) if tokenizers else None, seed, overwrite)
+    click.echo(f"wrote {preset} model set to {out}: {files.dit.name}, {files.text_encoder.name}, {files.vae.name}")

@@ -1,0 +1,46 @@
+"""Options shared by the commands that take a model set or generation settings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import click
+
+from ..pipeline import DEFAULT_NEGATIVE, DTYPES
+
+F = Callable[..., object]
+
+
+def model_options(f: F) -> F:
+    for option in reversed([
+        click.option("--model", "model", default=None,
+                     help="Model directory in the Hugging Face layout (split_files/..., tokenizers/...), "
+                          "or circlestone-labs/Anima to download it."),
+        click.option("--dit", type=click.Path(dir_okay=False), help="DiT + LLM adapter .safetensors."),
+        click.option("--text-encoder", type=click.Path(dir_okay=False), help="Qwen3 text encoder .safetensors."),
+        click.option("--vae", type=click.Path(dir_okay=False), help="Wan / Qwen-Image VAE .safetensors."),
+        click.option("--qwen-tokenizer", type=click.Path(file_okay=False), help="Folder with Qwen3 tokenizer.json."),
+        click.option("--t5-tokenizer", type=click.Path(file_okay=False), help="Folder with T5 tokenizer.json."),
+    ]):
+        f = option(f)
+    return f
+
+
+def sampling_options(f: F) -> F:
+    for option in reversed([
+        click.option("--prompt", "-p", required=True, help="Prompt; (word:1.2) weights as in ComfyUI."),
+        click.option("--negative", "-n", default=DEFAULT_NEGATIVE, show_default=True, help="Negative prompt."),
+        click.option("--width", "-W", type=int, default=512, show_default=True),
+        click.option("--height", "-H", type=int, default=512, show_default=True),
+        click.option("--steps", type=int, default=20, show_default=True),
+        click.option("--cfg", type=float, default=4.0, show_default=True, help="Classifier-free guidance scale."),
+        click.option("--seed", type=int, default=20260812, show_default=True),
+        click.option("--shift", type=float, default=3.0, show_default=True, help="Flow-matching sigma shift."),
+        click.option("--dtype", type=click.Choice(list(DTYPES)), default="fp32", show_default=True,
+                     help="Attention/MLP body precision (residual stream, norms and AdaLN stay fp32)."),
+        click.option("--backend", default="torch", show_default=True, help="torch | onnx | rknn."),
+        click.option("--subgraphs", type=click.Path(file_okay=False), default=None,
+                     help="Exported subgraph folder (onnx / rknn backends)."),
+    ]):
+        f = option(f)
+    return f

@@ -1,0 +1,45 @@
+"""Runs an exported ONNX subgraph set with ONNX Runtime on the CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...errors import AnimaError
+
+
+class OnnxBackend:
+    """One ONNX Runtime session per subgraph, all created up front so a bad file fails before sampling.
+
+    Inputs are cast to the dtypes the manifest lists (float16 for an fp16 export); the output is returned
+    in the set's dtype. Sessions use as many intra-op threads as torch does, so both sides compare fairly.
+    """
+
+    name = "onnx"
+
+    def __init__(self, subgraph_dir: Path, manifest: dict[str, Any]) -> None:
+        try:
+            import onnxruntime
+        except ImportError:
+            raise AnimaError("the onnx backend needs onnxruntime: pip install 'anima-rknn[onnx]'") from None
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()
+        options.inter_op_num_threads = 1
+        self._input_dtypes = [{i["name"]: np.dtype(i["dtype"]) for i in entry["inputs"]}
+                              for entry in manifest["subgraphs"]]
+        self._sessions = [
+            onnxruntime.InferenceSession(str(Path(subgraph_dir) / entry["file"]), options,
+                                         providers=["CPUExecutionProvider"])
+            for entry in manifest["subgraphs"]
+        ]
+
+    def run(self, index: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        feeds = {name: np.ascontiguousarray(inputs[name], dtype=dtype)
+                 for name, dtype in self._input_dtypes[index].items()}
+        return self._sessions[index].run(["y"], feeds)[0]
+
+    def close(self) -> None:
+        self._sessions = []

@@ -1,0 +1,202 @@
+"""Runs a converted (.rknn) subgraph set on the RK3588 NPU, or on rknn-toolkit2's x86 simulator.
+
+One runtime context per subgraph, opened on first use. 84 contexts of the full model do not fit the board's
+memory, so `max_resident` bounds how many stay open: the least recently used one is released before the
+next one is loaded.
+
+The simulator cannot run a .rknn file (rknn-toolkit2 refuses `init_runtime(target=None)` after
+`load_rknn`), so in simulator mode each context is compiled again from the subgraph's ONNX source; the
+.rknn files are still verified, since they are what the board would load.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...errors import AnimaError
+from ...export.rknn import TOOLKIT_MISSING, build_model, check_sha256, read_manifest, toolkit_call, toolkit_output
+
+RUNTIMES = ("auto", "simulator", "lite")
+CORE_MASKS = {
+    "auto": "NPU_CORE_AUTO", "0": "NPU_CORE_0", "1": "NPU_CORE_1", "2": "NPU_CORE_2",
+    "0_1": "NPU_CORE_0_1", "0_1_2": "NPU_CORE_0_1_2",
+}
+LIBRKNNRT_PATHS = (
+    Path("/usr/lib/librknnrt.so"), Path("/usr/lib64/librknnrt.so"),
+    Path("/usr/lib/aarch64-linux-gnu/librknnrt.so"), Path("/usr/local/lib/librknnrt.so"),
+)
+DEVICE_TREE_COMPATIBLE = Path("/proc/device-tree/compatible")
+_RUNTIME_VERSION = re.compile(rb"librknnrt version: (\d+\.\d+\.\d+)")
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+def librknnrt_version(path: Path) -> str | None:
+    """The version librknnrt.so carries in its banner string, if it has one."""
+    match = _RUNTIME_VERSION.search(path.read_bytes())
+    return match.group(1).decode() if match else None
+
+
+def board_platform(compatible: Path = DEVICE_TREE_COMPATIBLE) -> str | None:
+    """'rk3588' etc. from the device tree; the S variants share the target of their full chip."""
+    try:
+        entries = compatible.read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    for entry in entries:
+        if entry.startswith("rockchip,rk"):
+            return entry.removeprefix("rockchip,").rstrip("s")
+    return None
+
+
+def check_board(
+    toolkit_version: str,
+    target: str,
+    library_paths: tuple[Path, ...] = LIBRKNNRT_PATHS,
+    compatible: Path = DEVICE_TREE_COMPATIBLE,
+) -> None:
+    """Refuse, in one line each, the board mismatches that otherwise crash inside librknnrt."""
+    library = next((path for path in library_paths if path.is_file()), None)
+    if library is None:
+        raise AnimaError(f"librknnrt.so not found (looked in {', '.join(str(p.parent) for p in library_paths)}): "
+                         "install the RKNPU2 runtime of your board image")
+    runtime_version = librknnrt_version(library)
+    if runtime_version is None:
+        raise AnimaError(f"cannot tell the version of {library}: install librknnrt {toolkit_version} or newer")
+    if version_tuple(runtime_version) < version_tuple(toolkit_version):
+        raise AnimaError(f"{library} is version {runtime_version}, older than rknn-toolkit2 {toolkit_version} "
+                         "that converted these subgraphs: update librknnrt")
+    platform = board_platform(compatible)
+    if platform is not None and platform != target:
+        raise AnimaError(f"these subgraphs were converted for {target} but this board is {platform}")
+
+
+def resolve_runtime(runtime: str) -> str:
+    if runtime not in RUNTIMES:
+        raise AnimaError(f"unknown RKNN runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
+    has_lite = importlib.util.find_spec("rknnlite") is not None
+    has_toolkit = importlib.util.find_spec("rknn") is not None
+    if runtime == "lite" or (runtime == "auto" and has_lite):
+        if not has_lite:
+            raise AnimaError("rknn-toolkit-lite2 is not installed: pip install rknn-toolkit-lite2 on the board")
+        return "lite"
+    if not has_toolkit:
+        raise AnimaError(TOOLKIT_MISSING)
+    return "simulator"
+
+
+class RknnBackend:
+    """Backend protocol over RKNN runtime contexts, at most `max_resident` of them open at once."""
+
+    name = "rknn"
+
+    def __init__(
+        self,
+        subgraph_dir: str | os.PathLike,
+        *,
+        runtime: str = "auto",
+        max_resident: int | None = None,
+        core_mask: str = "auto",
+    ) -> None:
+        self.subgraph_dir = Path(subgraph_dir)
+        manifest = read_manifest(self.subgraph_dir)
+        if "rknn" not in manifest:
+            raise AnimaError(f"{self.subgraph_dir} holds ONNX subgraphs, not .rknn ones: convert them first")
+        if max_resident is not None and max_resident < 1:
+            raise AnimaError(f"max_resident must be at least 1, not {max_resident}")
+        if core_mask not in CORE_MASKS:
+            raise AnimaError(f"unknown NPU core mask {core_mask!r}: choose one of {', '.join(CORE_MASKS)}")
+        self.runtime = resolve_runtime(runtime)
+        self.max_resident = max_resident
+        self.core_mask = core_mask
+        self.subgraphs = manifest["subgraphs"]
+        self.conversion = manifest["rknn"]
+        self.rknn_files = {record["index"]: record for record in self.conversion["subgraphs"]}
+        if self.runtime == "lite":
+            check_board(self.conversion["toolkit_version"], self.conversion["target"])
+        self.contexts: OrderedDict[int, Any] = OrderedDict()  # least recently used first
+        self.verified: set[int] = set()
+        self.peak_live_contexts = 0
+        self.loads = 0
+        self.releases = 0
+
+    @property
+    def live_contexts(self) -> int:
+        return len(self.contexts)
+
+    def run(self, index: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        entry = self.subgraphs[index]
+        ordered = [self._prepare(entry, spec, inputs) for spec in entry["inputs"]]
+        context = self._context(index)
+        with toolkit_output() as log:
+            # 'nchw': take arrays as laid out in the ONNX graph (4-D inputs default to NHWC otherwise)
+            outputs = toolkit_call("inference", Path(self.rknn_files[index]["rknn_file"]), log, context.inference,
+                                   inputs=ordered, data_format=["nchw"] * len(ordered))
+        return np.asarray(outputs[0], dtype=np.float32).reshape(entry["outputs"][0]["shape"])
+
+    def close(self) -> None:
+        while self.contexts:
+            self._release_oldest()
+
+    def _prepare(self, entry: dict[str, Any], spec: dict[str, Any], inputs: dict[str, np.ndarray]) -> np.ndarray:
+        name = spec["name"]
+        if name not in inputs:
+            raise ValueError(f"subgraph {entry['file']} needs input {name!r}")
+        array = np.ascontiguousarray(inputs[name], dtype=np.dtype(spec["dtype"]))
+        if list(array.shape) != spec["shape"]:
+            raise ValueError(f"input {name!r} of {entry['file']} has shape {list(array.shape)}, "
+                             f"expected {spec['shape']}")
+        return array
+
+    def _context(self, index: int) -> Any:
+        if index in self.contexts:
+            self.contexts.move_to_end(index)
+            return self.contexts[index]
+        while self.max_resident is not None and len(self.contexts) >= self.max_resident:
+            self._release_oldest()
+        context = self._load(index)
+        self.contexts[index] = context
+        self.loads += 1
+        self.peak_live_contexts = max(self.peak_live_contexts, len(self.contexts))
+        return context
+
+    def _release_oldest(self) -> None:
+        _, context = self.contexts.popitem(last=False)
+        context.release()
+        self.releases += 1
+
+    def _load(self, index: int) -> Any:
+        rknn_path = self.subgraph_dir / self.rknn_files[index]["rknn_file"]
+        onnx_path = Path(self.conversion["source_dir"]) / self.subgraphs[index]["file"]
+        if index not in self.verified:  # once per backend: re-hashing GBs on every reload would cost seconds
+            check_sha256(rknn_path, self.rknn_files[index]["rknn_sha256"])
+            if self.runtime == "simulator":
+                check_sha256(onnx_path, self.subgraphs[index]["sha256"])
+            self.verified.add(index)
+        with toolkit_output() as log:
+            if self.runtime == "simulator":
+                context = build_model(onnx_path, self.conversion["target"], log)
+                steps = {"init_runtime": lambda: context.init_runtime(target=None)}
+            else:
+                from rknnlite.api import RKNNLite
+
+                context = RKNNLite(verbose=False)
+                core_mask = getattr(RKNNLite, CORE_MASKS[self.core_mask])
+                steps = {"load_rknn": lambda: context.load_rknn(str(rknn_path)),
+                         "init_runtime": lambda: context.init_runtime(core_mask=core_mask)}
+            try:
+                for step, call in steps.items():
+                    toolkit_call(step, rknn_path, log, call)
+            except AnimaError:
+                context.release()
+                raise
+        return context

@@ -1,0 +1,57 @@
+"""Runs the bodies from the PyTorch model itself (fp32, fp16 or bf16 weights): no export needed."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...model.dit import AnimaDiT
+
+KeyValues = list[tuple[torch.Tensor, torch.Tensor]]  # per block (k, v)
+
+
+class TorchBackend:
+    """The DiT's own attention/MLP modules behind the Backend interface.
+
+    Cross-attention K/V depend only on the prompt. With `cache_context_kv` they are computed once per
+    distinct context (all blocks at once) and found again by exact comparison of the context values, so a
+    changed prompt can never reuse stale K/V; the last `max_contexts` contexts are kept (cond + uncond).
+    """
+
+    name = "torch"
+
+    def __init__(self, dit: AnimaDiT, dtype: torch.dtype = torch.float32, *, cache_context_kv: bool = True,
+                 max_contexts: int = 2) -> None:
+        if dit.body_dtype != dtype:
+            dit.set_body_dtype(dtype)
+        self.dit = dit
+        self.dtype = dtype
+        self.cache_context_kv = cache_context_kv
+        self.max_contexts = max_contexts
+        self._key_values: list[tuple[np.ndarray, KeyValues]] = []  # most recently computed first
+
+    def _context_key_values(self, context: np.ndarray) -> KeyValues:
+        for seen, key_values in self._key_values:
+            if seen.shape == context.shape and np.array_equal(seen, context):
+                return key_values
+        key_values = self.dit.context_key_values(torch.from_numpy(context))
+        self._key_values = [(context.copy(), key_values), *self._key_values][: self.max_contexts]
+        return key_values
+
+    @torch.inference_mode()
+    def run(self, index: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        block = self.dit.blocks[index // 3]
+        x = torch.from_numpy(inputs["x"]).to(self.dtype)
+        part = index % 3
+        if part == 0:
+            y = block.self_attn(x, torch.from_numpy(inputs["rope_cos"]), torch.from_numpy(inputs["rope_sin"]))
+        elif part == 1 and self.cache_context_kv:
+            y = block.cross_attn.attend(x, *self._context_key_values(inputs["context"])[index // 3])
+        elif part == 1:
+            y = block.cross_attn(x, torch.from_numpy(inputs["context"]).to(self.dtype))
+        else:
+            y = block.mlp(x)
+        return y.float().numpy()  # NumPy has no bf16
+
+    def close(self) -> None:
+        self._key_values = []

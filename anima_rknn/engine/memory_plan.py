@@ -1,0 +1,181 @@
+"""How many RKNN runtime contexts fit in memory at once, and what that costs in reloads.
+
+Each context holds its subgraph's weights and its own activation ("internal") buffer on the NPU side, and
+RKNNLite keeps a second copy of the .rknn file in Python memory. All NPU allocations share one ~4 GiB IOMMU
+domain, and the board has 8 GB in all, so the full model (84 contexts) never fits: the backend keeps at most
+`max_resident` contexts and reloads the rest in turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import AnimaError
+from .backends.base import SUBGRAPH_KINDS
+
+# Activation buffers measured on the RK3588 at full Anima width (spec: rknn.md), scaled linearly from here.
+MEASURED_TOKENS = 4096
+MEASURED_HIDDEN = 2048
+MEASURED_MLP = 8192
+MEASURED_ACTIVATION_BYTES = {"self_attn": 227_000_000, "cross_attn": 119_000_000, "mlp": 272_000_000}
+NPU_DOMAIN_BYTES = 4 << 30
+# Python, torch, NumPy and librknnrt themselves, resident whatever the model: an estimate, not a measurement.
+HOST_RUNTIME_BYTES = 768 << 20
+# Fixed Anima dimensions of the host-side (CPU, fp32) parts of the DiT.
+PATCH_FEATURES = 68
+ADALN_LORA = 256
+FINAL_FEATURES = 64
+CONTEXT_DIM = 1024
+CONTEXT_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class ContextCost:
+    index: int
+    kind: str
+    weight_bytes: int  # NPU side
+    activation_bytes: int  # NPU side, the context's own internal buffer
+    file_bytes: int  # host side: RKNNLite keeps the loaded .rknn file in Python memory
+
+    @property
+    def npu_bytes(self) -> int:
+        return self.weight_bytes + self.activation_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.npu_bytes + self.file_bytes
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    contexts: tuple[ContextCost, ...]
+    tokens: int
+    host_bytes: int
+    budget_bytes: int | None
+    activation_source: str  # "compiler" (from the conversion) or "spec-scaled"
+    max_resident: int
+    peak_bytes: int  # host side + the costliest window of resident contexts
+    npu_peak_bytes: int
+    loads_per_pass: int  # steady state, one transformer pass (LRU over a cycle reloads everything it evicts)
+    releases_per_pass: int
+
+    def describe(self) -> str:
+        lines = [
+            f"RKNN memory plan: {len(self.contexts)} contexts, {self.tokens} tokens, "
+            f"activations {self.activation_source}",
+            f"{'kind':<11}{'contexts':>9}{'weights':>12}{'activations':>13}{'file copy':>12}",
+        ]
+        for kind in SUBGRAPH_KINDS:
+            of_kind = [c for c in self.contexts if c.kind == kind]
+            if of_kind:
+                lines.append(
+                    f"{kind:<11}{len(of_kind):>9}{size(max(c.weight_bytes for c in of_kind)):>12}"
+                    f"{size(max(c.activation_bytes for c in of_kind)):>13}"
+                    f"{size(max(c.file_bytes for c in of_kind)):>12}"
+                )
+        budget = "none" if self.budget_bytes is None else size(self.budget_bytes)
+        lines += [
+            f"host side {size(self.host_bytes)}, budget {budget}, NPU domain {size(NPU_DOMAIN_BYTES)}",
+            f"resident contexts {self.max_resident} of {len(self.contexts)}: predicted peak "
+            f"{size(self.peak_bytes)} (NPU {size(self.npu_peak_bytes)})",
+            f"per transformer pass: {self.loads_per_pass} loads, {self.releases_per_pass} releases",
+        ]
+        return "\n".join(lines)
+
+
+def size(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def weight_bytes(kind: str, hidden: int, mlp: int, context_dim: int = CONTEXT_DIM) -> int:
+    """fp16 bytes of a body's Linear weights (q/k norm vectors are negligible)."""
+    params = {
+        "self_attn": 4 * hidden * hidden,
+        "cross_attn": 2 * hidden * hidden + 2 * context_dim * hidden,
+        "mlp": 2 * hidden * mlp,
+    }[kind]
+    return 2 * params
+
+
+def scaled_activation_bytes(kind: str, hidden: int, mlp: int, tokens: int) -> int:
+    width = mlp / MEASURED_MLP if kind == "mlp" else hidden / MEASURED_HIDDEN
+    return round(MEASURED_ACTIVATION_BYTES[kind] * tokens / MEASURED_TOKENS * width)
+
+
+def host_bytes(hidden: int, blocks: int, tokens: int) -> int:
+    """fp32 AdaLN/embedding/final weights the CPU keeps, its working arrays, and the runtime itself."""
+    params = (
+        PATCH_FEATURES * hidden
+        + hidden * hidden + hidden * 3 * hidden  # t_embedder
+        + blocks * 3 * (hidden * ADALN_LORA + ADALN_LORA * 3 * hidden)  # per-block AdaLN modulation
+        + hidden * ADALN_LORA + ADALN_LORA * 2 * hidden + hidden * FINAL_FEATURES  # final layer
+    )
+    # residual streams and modulated inputs of the cond and uncond passes, plus both contexts
+    working = 8 * tokens * hidden + 2 * CONTEXT_TOKENS * CONTEXT_DIM
+    return 4 * (params + working) + HOST_RUNTIME_BYTES
+
+
+def window_peak(values: list[int], width: int) -> int:
+    """Largest sum of `width` consecutive values, cyclically: the contexts an LRU holds at one time."""
+    n = len(values)
+    width = min(width, n)
+    return max(sum(values[(start + i) % n] for i in range(width)) for start in range(n))
+
+
+def choose(
+    contexts: list[ContextCost], tokens: int, host: int, budget_bytes: int | None, activation_source: str
+) -> MemoryPlan:
+    totals = [c.total_bytes for c in contexts]
+    npu = [c.npu_bytes for c in contexts]
+    smallest_need = host + max(totals)
+    if budget_bytes is not None and budget_bytes < smallest_need:
+        raise AnimaError(f"a memory budget of {size(budget_bytes)} cannot hold the host side plus one RKNN "
+                         f"context: at least {size(smallest_need)} is needed")
+    if max(npu) > NPU_DOMAIN_BYTES:
+        raise AnimaError(f"one RKNN context needs {size(max(npu))}, more than the NPU's "
+                         f"{size(NPU_DOMAIN_BYTES)} address space: use fewer tokens")
+    resident = 1
+    for width in range(2, len(contexts) + 1):
+        fits_budget = budget_bytes is None or host + window_peak(totals, width) <= budget_bytes
+        if not (fits_budget and window_peak(npu, width) <= NPU_DOMAIN_BYTES):
+            break
+        resident = width
+    reloads = 0 if resident >= len(contexts) else len(contexts)
+    return MemoryPlan(
+        contexts=tuple(contexts), tokens=tokens, host_bytes=host, budget_bytes=budget_bytes,
+        activation_source=activation_source, max_resident=resident,
+        peak_bytes=host + window_peak(totals, resident), npu_peak_bytes=window_peak(npu, resident),
+        loads_per_pass=reloads, releases_per_pass=reloads,
+    )
+
+
+def predict_memory(
+    hidden: int, blocks: int, tokens: int, mlp: int, budget_bytes: int | None = None,
+    context_dim: int = CONTEXT_DIM,
+) -> MemoryPlan:
+    """Plan from dimensions alone (no files): weights from the Linear shapes, activations spec-scaled."""
+    contexts = []
+    for index in range(3 * blocks):
+        kind = SUBGRAPH_KINDS[index % 3]
+        weights = weight_bytes(kind, hidden, mlp, context_dim)
+        contexts.append(ContextCost(index, kind, weights, scaled_activation_bytes(kind, hidden, mlp, tokens),
+                                    weights))
+    return choose(contexts, tokens, host_bytes(hidden, blocks, tokens), budget_bytes, "spec-scaled")
+
+
+def plan_memory(manifest: dict[str, Any], budget_bytes: int | None) -> MemoryPlan:
+    """Plan for a subgraph set's manifest, using the converter's own sizes where it recorded them."""
+    model, tokens = manifest["model"], manifest["tokens"]
+    hidden, mlp = model["hidden"], 4 * model["hidden"]  # the manifest has no MLP width; Anima's ratio is 4
+    converted = {r["index"]: r for r in manifest.get("rknn", {}).get("subgraphs", [])}
+    from_compiler = bool(converted) and all("internal_bytes" in r for r in converted.values())
+    contexts = []
+    for entry in manifest["subgraphs"]:
+        kind, record = entry["kind"], converted.get(entry["index"], {})
+        weights = record.get("weight_bytes", weight_bytes(kind, hidden, mlp, model["context_dim"]))
+        activation = (record["internal_bytes"] if from_compiler
+                      else scaled_activation_bytes(kind, hidden, mlp, tokens))
+        contexts.append(ContextCost(entry["index"], kind, weights, activation, record.get("rknn_bytes", weights)))
+    return choose(contexts, tokens, host_bytes(hidden, model["blocks"], tokens), budget_bytes,
+                  "compiler" if from_compiler else "spec-scaled")

@@ -1,0 +1,81 @@
+"""The split execution engine: the DiT's host parts in fp32 PyTorch, its 3 bodies per block on a backend.
+
+One pass = host prologue -> per block, per part: LayerNorm + AdaLN modulate (fp32) -> backend body ->
+gate + fp32 residual add -> host epilogue. Backends see batch-1 NumPy arrays named as in the subgraph
+manifest ("x", "rope_cos", "rope_sin", "context" -> "y") and cast them to their own dtype themselves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import AnimaError
+from ..model.dit import AnimaDiT, PassState, layer_norm_modulate
+from .backends.base import Backend
+
+
+def rope_inputs(rope: tuple[torch.Tensor, torch.Tensor]) -> dict[str, np.ndarray]:
+    """[N, head_dim] tables -> [1, 1, N, head_dim]: 4-D, broadcasting over heads without a Transpose."""
+    cos, sin = (np.ascontiguousarray(t.float().numpy()[None, None]) for t in rope)
+    return {"rope_cos": cos, "rope_sin": sin}
+
+
+class SplitEngine:
+    """Velocity of the DiT with the bodies on `backend`; counts passes and subgraph runs.
+
+    AdaLN modulations depend only on sigma, so the last sigma's are kept and reused by the next pass at the
+    same sigma (the cond and uncond passes of a CFG step); `share_modulations=False` turns that off.
+    """
+
+    def __init__(self, dit: AnimaDiT, backend: Backend, *, latent_size: tuple[int, int] | None = None,
+                 share_modulations: bool = True) -> None:
+        self.dit = dit
+        self.backend = backend
+        self.latent_size = latent_size  # (h, w) the backend's static shapes were made for, if any
+        self.share_modulations = share_modulations
+        self._modulations: tuple[float, list[torch.Tensor]] | None = None
+        self.passes = 0
+        self.subgraph_runs = 0
+
+    def reset_counters(self) -> None:
+        self.passes = 0
+        self.subgraph_runs = 0
+
+    def _block_modulations(self, sigma: float, state: PassState) -> list[torch.Tensor]:
+        if self.share_modulations and self._modulations is not None and self._modulations[0] == sigma:
+            return self._modulations[1]
+        mods = self.dit.modulations(state)
+        self._modulations = (sigma, mods) if self.share_modulations else None
+        return mods
+
+    def _check_inputs(self, x: torch.Tensor, context: torch.Tensor) -> None:
+        if x.shape[0] != 1 or context.shape[0] != 1:
+            raise ValueError("the split engine runs batch-1 passes (static accelerator shapes); "
+                             f"got x {tuple(x.shape)}, context {tuple(context.shape)}")
+        if self.latent_size is not None and tuple(x.shape[-2:]) != self.latent_size:
+            h, w = self.latent_size
+            raise AnimaError(f"engine set up for {w * 8}x{h * 8} images, got a latent for "
+                             f"{x.shape[-1] * 8}x{x.shape[-2] * 8}")
+
+    @torch.inference_mode()
+    def velocity(self, x: torch.Tensor, sigma: float, context: torch.Tensor) -> torch.Tensor:
+        """x [1,16,h,w], sigma in [0,1], context [1,T,C] -> velocity [1,16,h,w] fp32 (= dit(x, sigma, context))."""
+        self._check_inputs(x, context)
+        sigma = float(sigma)
+        state = self.dit.prologue(x, torch.tensor([sigma]))
+        context_np = context.detach().float().contiguous().numpy()
+        extra_inputs = (rope_inputs(state.rope), {"context": context_np}, {})
+        for b, block_mods in enumerate(self._block_modulations(sigma, state)):
+            for part in range(3):
+                shift, scale, gate = block_mods[part]
+                body_in = layer_norm_modulate(state.tokens, shift, scale)
+                y = self.backend.run(3 * b + part, {"x": body_in.numpy(), **extra_inputs[part]})
+                state.tokens = state.tokens + gate * torch.from_numpy(y).float()
+                self.subgraph_runs += 1
+        self.passes += 1
+        return self.dit.epilogue(state)
+
+    def close(self) -> None:
+        self._modulations = None
+        self.backend.close()

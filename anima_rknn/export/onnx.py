@@ -1,0 +1,182 @@
+"""Export the DiT's 3 bodies per block as static-shape ONNX subgraphs, with a manifest that pins them down.
+
+A set is made for one resolution (static shapes: the NPU converter needs them) and one DiT file, and
+`load_manifest` refuses to use it for anything else. Graphs come from the classic TorchScript exporter at
+opset 17 and are then constant-folded by onnxscript's optimizer, which turns the exporter's shape
+arithmetic (Shape/Gather/Slice/Mod chains) into constants: what is left is MatMul, Softmax, Reshape,
+Transpose and element-wise ops, all in RKNN's supported set.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from ..engine.backends.base import SUBGRAPH_KINDS, subgraph_name
+from ..errors import AnimaError
+from ..files import atomic_path, sha256_file
+from ..model.config import DiTConfig
+from ..model.io import load_dit
+
+SUBGRAPHS_FORMAT = "anima-rknn-subgraphs/1"
+MANIFEST = "manifest.json"
+OPSET = 17
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
+# Ops the RKNN converter lacks (rknn.md); the exporter must never emit them.
+RKNN_UNSUPPORTED_OPS = frozenset({"Einsum", "Range", "CumSum", "Trilu", "GatherND", "GroupNormalization"})
+ONNX_MISSING = "ONNX export needs onnx and onnxscript: pip install 'anima-rknn[onnx]'"
+_SUBGRAPH_FILE = re.compile(r"b\d\d_(self_attn|cross_attn|mlp)\.onnx")
+
+
+def token_count(width: int, height: int) -> int:
+    """Image size -> DiT tokens: 8x VAE compression, then 2x2 patches."""
+    if width <= 0 or height <= 0 or width % 16 or height % 16:
+        raise AnimaError(f"width and height must be positive multiples of 16, got {width}x{height}")
+    return (width // 16) * (height // 16)
+
+
+@functools.lru_cache(maxsize=256)
+def _sha256_of_version(path: Path, size: int, mtime_ns: int) -> str:
+    return sha256_file(path)
+
+
+def _sha256(path: Path) -> str:
+    """sha256, hashed once per file version per process (a 4 GB DiT takes seconds; the bench loads sets often)."""
+    stat = path.stat()
+    return _sha256_of_version(path.resolve(), stat.st_size, stat.st_mtime_ns)
+
+
+def input_shapes(kind: str, config: DiTConfig, tokens: int) -> dict[str, list[int]]:
+    """The named inputs of one body; RoPE tables are 4-D so they broadcast over heads without a Transpose."""
+    x = [1, tokens, config.hidden]
+    if kind == "self_attn":
+        rope = [1, 1, tokens, config.head_dim]
+        return {"x": x, "rope_cos": rope, "rope_sin": rope}
+    if kind == "cross_attn":
+        return {"x": x, "context": [1, config.context_tokens, config.context_dim]}
+    return {"x": x}
+
+
+def _export_graph(module: torch.nn.Module, shapes: dict[str, list[int]], dtype: torch.dtype) -> Any:
+    try:
+        import onnx
+        from onnxscript import optimizer
+    except ImportError:
+        raise AnimaError(ONNX_MISSING) from None
+    example = tuple(torch.zeros(shape, dtype=dtype) for shape in shapes.values())
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        # The classic exporter is deprecated in favour of dynamo, which cannot write opset 17 for these graphs.
+        warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
+        warnings.filterwarnings("ignore", message=".*feature will be removed.*")
+        torch.onnx.export(module, example, buffer, input_names=list(shapes), output_names=["y"],
+                          opset_version=OPSET, dynamo=False)
+    graph = optimizer.optimize(onnx.load_from_string(buffer.getvalue()))
+    unsupported = RKNN_UNSUPPORTED_OPS.intersection(node.op_type for node in graph.graph.node)
+    if unsupported:
+        raise AnimaError(f"this torch version exported ops RKNN lacks: {', '.join(sorted(unsupported))}")
+    return graph
+
+
+def _prepare_out_dir(out_dir: Path, overwrite: bool) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise AnimaError(f"{out_dir} is a file, not a folder")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        if not overwrite:
+            what = "a subgraph set" if (out_dir / MANIFEST).exists() else "other files"
+            raise AnimaError(f"{out_dir} is not empty (it holds {what}); pass --overwrite to replace it")
+        # Manifest first: a half-replaced folder must never look like a complete set.
+        (out_dir / MANIFEST).unlink(missing_ok=True)
+        for stale in out_dir.iterdir():
+            if _SUBGRAPH_FILE.fullmatch(stale.name):
+                stale.unlink()
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def export_subgraphs(dit_path: Path, width: int, height: int, out_dir: Path, dtype: str = "float32",
+                     progress: bool = True, overwrite: bool = False) -> Path:
+    """Write out_dir/bNN_{self_attn,cross_attn,mlp}.onnx for one resolution, then manifest.json; return its path."""
+    dit_path, out_dir = Path(dit_path), Path(out_dir)
+    if dtype not in DTYPES:
+        raise AnimaError(f"unknown export dtype {dtype!r}; choose float32 or float16")
+    tokens = token_count(width, height)
+    if not dit_path.is_file():
+        raise AnimaError(f"DiT file not found: {dit_path}")
+    dit = load_dit(dit_path, DTYPES[dtype])  # before touching out_dir: a bad DiT file leaves it as it was
+    _prepare_out_dir(out_dir, overwrite)
+    config = dit.config
+    entries = []
+    for index in tqdm(range(3 * config.blocks), desc="export-onnx", unit="subgraph", disable=not progress):
+        kind = SUBGRAPH_KINDS[index % 3]
+        shapes = input_shapes(kind, config, tokens)
+        graph = _export_graph(getattr(dit.blocks[index // 3], kind), shapes, DTYPES[dtype])
+        path = out_dir / f"{subgraph_name(index)}.onnx"
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(graph.SerializeToString())
+            digest = sha256_file(tmp)
+        entries.append({
+            "index": index, "block": index // 3, "kind": kind, "file": path.name, "sha256": digest,
+            "inputs": [{"name": name, "shape": shape, "dtype": dtype} for name, shape in shapes.items()],
+            "outputs": [{"name": "y", "shape": [1, tokens, config.hidden], "dtype": dtype}],
+        })
+    manifest = {
+        "format": SUBGRAPHS_FORMAT,
+        "model": {"file": dit_path.name, "sha256": _sha256(dit_path), "blocks": config.blocks,
+                  "hidden": config.hidden, "heads": config.heads, "head_dim": config.head_dim,
+                  "context_dim": config.context_dim},
+        "width": width, "height": height, "tokens": tokens, "context_tokens": config.context_tokens,
+        "dtype": dtype, "opset": OPSET, "subgraphs": entries,
+    }
+    manifest_path = out_dir / MANIFEST
+    with atomic_path(manifest_path) as tmp:
+        tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest_path
+
+
+def _read_manifest(subgraph_dir: Path) -> dict[str, Any]:
+    path = subgraph_dir / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AnimaError(f"{subgraph_dir} holds no {MANIFEST}: export a subgraph set with "
+                         "`anima-rknn export-onnx` first") from None
+    except (OSError, ValueError) as e:
+        raise AnimaError(f"cannot read {path}: {e}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != SUBGRAPHS_FORMAT:
+        raise AnimaError(f"{path} is not an {SUBGRAPHS_FORMAT} manifest")
+    return manifest
+
+
+def load_manifest(subgraph_dir: Path, *, dit_path: Path | None, width: int, height: int) -> dict[str, Any]:
+    """The set's manifest, after checking it fits: resolution, DiT file (sha256, skipped when dit_path is
+    None) and every subgraph file's sha256."""
+    subgraph_dir = Path(subgraph_dir)
+    manifest = _read_manifest(subgraph_dir)
+    if (manifest["width"], manifest["height"]) != (width, height):
+        raise AnimaError(f"subgraphs in {subgraph_dir} were exported for {manifest['width']}x{manifest['height']}, "
+                         f"asked for {width}x{height}")
+    if dit_path is not None:
+        if not Path(dit_path).is_file():
+            raise AnimaError(f"DiT file not found: {dit_path}")
+        digest = _sha256(Path(dit_path))
+        if digest != manifest["model"]["sha256"]:
+            raise AnimaError(f"subgraphs in {subgraph_dir} were exported from a different DiT file "
+                             f"({manifest['model']['file']}, sha256 {manifest['model']['sha256'][:12]}...; "
+                             f"{Path(dit_path).name} has sha256 {digest[:12]}...)")
+    if [entry["index"] for entry in manifest["subgraphs"]] != list(range(3 * manifest["model"]["blocks"])):
+        raise AnimaError(f"{subgraph_dir / MANIFEST} does not list 3 subgraphs per block in order")
+    for entry in manifest["subgraphs"]:
+        path = subgraph_dir / entry["file"]
+        if not path.is_file():
+            raise AnimaError(f"subgraph file {path} is missing")
+        if _sha256(path) != entry["sha256"]:
+            raise AnimaError(f"subgraph file {path} is corrupt (sha256 differs from the manifest): export again")
+    return manifest

@@ -1,0 +1,218 @@
+"""Convert an exported ONNX subgraph set into .rknn files for the RK3588 NPU (fp16, no quantisation).
+
+Runs only where rknn-toolkit2 is installed (its own venv, see scripts/setup-rknn-env.sh). Conversion is
+resumable: each finished file is recorded in a progress file, so an interrupted run redoes only what is
+missing, and a .rknn only ever appears under its final name complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from tqdm import tqdm
+
+from ..errors import AnimaError
+from ..files import atomic_path, sha256_file
+
+SUBGRAPHS_FORMAT = "anima-rknn-subgraphs/1"
+PROGRESS_FILE = "convert-progress.json"
+TOOLKIT_MISSING = (
+    "rknn-toolkit2 is not installed: run scripts/setup-rknn-env.sh and use .venv-rknn/bin/anima-rknn"
+)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_MEMORY_LINE = re.compile(r"Total (Internal|Weight) Memory Size: ([\d.]+)\s*(B|KB|MB|GB)")
+_UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
+
+
+def toolkit() -> tuple[type, str]:
+    """The RKNN class and rknn-toolkit2's version, or the one-line install hint."""
+    try:
+        from rknn.api import RKNN
+    except ImportError:
+        raise AnimaError(TOOLKIT_MISSING) from None
+    return RKNN, metadata.version("rknn-toolkit2")
+
+
+def read_manifest(subgraph_dir: str | os.PathLike) -> dict[str, Any]:
+    path = Path(subgraph_dir) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AnimaError(f"{path} not found: not an exported subgraph folder") from None
+    except (OSError, ValueError) as e:
+        raise AnimaError(f"cannot read {path}: {e}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != SUBGRAPHS_FORMAT:
+        raise AnimaError(f"{path} is not an {SUBGRAPHS_FORMAT} manifest")
+    return manifest
+
+
+def check_sha256(path: Path, expected: str) -> None:
+    if not path.is_file():
+        raise AnimaError(f"{path} is missing")
+    if sha256_file(path) != expected:
+        raise AnimaError(f"{path} does not match its manifest (sha256 differs): re-export or re-convert it")
+
+
+@contextlib.contextmanager
+def toolkit_output() -> Iterator[BinaryIO]:
+    """Send the toolkit's console output to a temp file, and drop its warnings, for the block.
+
+    It prints progress bars and notes from native code even with verbose=False, which would bury our own
+    progress; redirecting the file descriptors catches both the Python and the C++ side. Its thousands of
+    DeprecationWarnings (old onnx/NumPy APIs inside the toolkit) are nothing a user can act on.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as log, warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        saved = os.dup(1), os.dup(2)
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield log
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def log_text(log: BinaryIO) -> str:
+    log.flush()
+    log.seek(0)
+    return _ANSI.sub("", log.read().decode(errors="replace"))
+
+
+def toolkit_call(step: str, what: Path, log: BinaryIO, method: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """Call an rknn-toolkit2 method; turn its two ways of failing into one AnimaError line.
+
+    It either returns a non-zero code / None (the reason then sits in its log as an 'E ' line) or raises
+    ValueError carrying a whole traceback whose last line is the reason.
+    """
+    try:
+        result = method(*args, **kwargs)
+    except ValueError as e:
+        reason = next((line.strip() for line in reversed(str(e).splitlines()) if line.strip()), repr(e))
+    else:
+        if result is not None and not (isinstance(result, int) and result != 0):
+            return result
+        errors = [line[2:].strip() for line in log_text(log).splitlines() if line.startswith("E ")]
+        reason = errors[-1] if errors else f"returned {result!r}"
+    raise AnimaError(f"rknn-toolkit2 {step} failed for {what.name}: {reason}")
+
+
+def build_model(onnx_path: Path, target: str, log: BinaryIO, verbose: bool = False) -> Any:
+    """An RKNN object holding `onnx_path` compiled for `target` in fp16 (call inside toolkit_output())."""
+    rknn_class, _ = toolkit()
+    rknn = rknn_class(verbose=verbose)
+    try:
+        toolkit_call("config", onnx_path, log, rknn.config,
+                     target_platform=target, float_dtype="float16", optimization_level=3)
+        toolkit_call("load_onnx", onnx_path, log, rknn.load_onnx, model=str(onnx_path))
+        toolkit_call("build", onnx_path, log, rknn.build, do_quantization=False)
+    except BaseException:
+        rknn.release()
+        raise
+    return rknn
+
+
+def compiler_memory(build_log: str) -> dict[str, int]:
+    """The compiler's own internal (activation) and weight sizes from its verbose build log."""
+    sizes = {}
+    for kind, number, unit in _MEMORY_LINE.findall(build_log):
+        sizes[f"{kind.lower()}_bytes"] = round(float(number) * _UNITS[unit])
+    return sizes
+
+
+def convert_one(onnx_path: Path, rknn_path: Path, target: str) -> dict[str, Any]:
+    started = time.perf_counter()
+    # Verbose builds print the compiler's memory table, and also dump debug ONNX models (weights included)
+    # into the working folder: build from a scratch folder that is thrown away.
+    with toolkit_output() as log, tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):
+        rknn = build_model(onnx_path, target, log, verbose=True)
+        try:
+            with atomic_path(rknn_path) as tmp:
+                toolkit_call("export_rknn", onnx_path, log, rknn.export_rknn, str(tmp))
+        finally:
+            rknn.release()
+        memory = compiler_memory(log_text(log))
+    return {
+        "rknn_file": rknn_path.name,
+        "rknn_sha256": sha256_file(rknn_path),
+        "rknn_bytes": rknn_path.stat().st_size,
+        "convert_s": round(time.perf_counter() - started, 3),
+        **memory,
+    }
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=1))
+
+
+def load_progress(path: Path, identity: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Finished files from an earlier run of the same source, target and toolkit; otherwise none."""
+    try:
+        progress = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if any(progress.get(key) != value for key, value in identity.items()):
+        return {}
+    return progress.get("done", {})
+
+
+def convert_subgraphs(
+    subgraph_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    target: str = "rk3588",
+    progress: bool = True,
+) -> Path:
+    """Convert every subgraph in `subgraph_dir` to `out_dir`/*.rknn; return `out_dir`/manifest.json."""
+    _, toolkit_version = toolkit()
+    source_dir, out_dir = Path(subgraph_dir).resolve(), Path(out_dir).resolve()  # builds run elsewhere
+    if out_dir == source_dir:
+        raise AnimaError(f"convert into a folder other than {source_dir}: its manifest.json would be replaced")
+    source = read_manifest(source_dir)
+    for entry in source["subgraphs"]:
+        check_sha256(source_dir / entry["file"], entry["sha256"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    identity = {
+        "source_sha256": sha256_file(source_dir / "manifest.json"),
+        "target": target,
+        "toolkit_version": toolkit_version,
+    }
+    progress_path = out_dir / PROGRESS_FILE
+    done = load_progress(progress_path, identity)
+    records = []
+    for entry in tqdm(source["subgraphs"], desc="rknn convert", unit="subgraph", disable=not progress):
+        rknn_path = out_dir / Path(entry["file"]).with_suffix(".rknn").name
+        for stale in out_dir.glob(f".{rknn_path.name}.*.part"):  # left by a killed run
+            stale.unlink()
+        record = done.get(rknn_path.name)
+        if record is None or not rknn_path.is_file() or sha256_file(rknn_path) != record["rknn_sha256"]:
+            record = convert_one(source_dir / entry["file"], rknn_path, target)
+            done[rknn_path.name] = record
+            write_json(progress_path, {**identity, "done": done})
+        records.append({"index": entry["index"], **record})
+
+    manifest = {
+        **source,
+        "rknn": {**identity, "source_dir": str(source_dir), "subgraphs": records},
+    }
+    manifest_path = out_dir / "manifest.json"
+    write_json(manifest_path, manifest)
+    return manifest_path

@@ -1,0 +1,207 @@
+"""Text -> image, one stage at a time: each model is loaded only while its stage runs.
+
+encode (Qwen3, then the LLM adapter) -> denoise (sampler -> engine -> backend) -> decode (Wan VAE).
+The CLI and the bench both drive this object; nothing here prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .engine import make_engine
+from .errors import AnimaError
+from .checkpoint import read_shapes
+from .model.io import load_dit, read_dit_config
+from .model_set import ModelFiles
+from .sampling.caches import make_cache
+from .sampling.euler import SampleResult, sample_euler
+from .sampling.schedule import flow_sigmas
+from .text import PromptTokenizer, load_text_encoder, qwen3_config_from_shapes
+from .vae import decode_tiled, load_vae, read_vae_config
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DEFAULT_NEGATIVE = "worst quality, low quality, score_1, score_2, score_3, blurry, jpeg artifacts, sepia"
+
+
+@dataclasses.dataclass
+class GenerationParams:
+    prompt: str
+    negative: str = DEFAULT_NEGATIVE
+    width: int = 512
+    height: int = 512
+    steps: int = 20
+    cfg: float = 4.0
+    seed: int = 20260812
+    shift: float = 3.0
+    dtype: str = "fp32"
+    cache: str = "none"
+    cache_options: dict[str, float | str] = dataclasses.field(default_factory=dict)
+    backend: str = "torch"
+    subgraphs: Path | None = None
+    vae_tile: int | None = None  # pixels; None decodes in one piece
+    vae_overlap: int = 64
+
+    def validate(self) -> None:
+        if self.width % 16 or self.height % 16 or self.width <= 0 or self.height <= 0:
+            raise AnimaError(f"width and height must be positive multiples of 16, got {self.width}x{self.height}")
+        if self.steps < 1:
+            raise AnimaError(f"steps must be at least 1, got {self.steps}")
+        if self.dtype not in DTYPES:
+            raise AnimaError(f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
+        if self.shift <= 0:
+            raise AnimaError(f"shift must be positive, got {self.shift}")
+        make_cache(self.cache, self.steps, self.cache_options)  # bad cache options fail before any model loads
+
+
+@dataclasses.dataclass
+class Conditioning:
+    """Both prompts as DiT context rows [1, context_tokens, context_dim]."""
+
+    positive: torch.Tensor
+    negative: torch.Tensor
+    encode_s: float
+
+
+@dataclasses.dataclass
+class Denoised:
+    sample: SampleResult
+    transformer_passes: int
+    subgraph_runs: int
+    denoise_s: float
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    image: Image.Image | None  # None when the latent is not finite
+    latent: np.ndarray
+    params: GenerationParams
+    conditioning: Conditioning
+    denoised: Denoised
+    decode_s: float
+
+    @property
+    def finite(self) -> bool:
+        return self.denoised.sample.finite
+
+    def timings(self) -> dict[str, float]:
+        denoise_s = self.denoised.denoise_s
+        return {"encode_s": self.conditioning.encode_s, "denoise_s": denoise_s, "decode_s": self.decode_s,
+                "total_s": denoise_s + self.decode_s}
+
+
+def initial_noise(seed: int, width: int, height: int, channels: int = 16) -> np.ndarray:
+    """The same noise on every machine: torch's CPU generator, float32."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn((1, channels, height // 8, width // 8), generator=generator).numpy()
+
+
+def _free(*objects: object) -> None:
+    del objects
+    gc.collect()
+
+
+class AnimaPipeline:
+    def __init__(self, files: ModelFiles, keep_dit: bool = False) -> None:
+        self.files = files
+        # Header-only checks of all three files, so a bad file fails now and not after minutes of work.
+        self.dit_config = read_dit_config(files.dit)
+        qwen3_config_from_shapes(read_shapes(files.text_encoder, "text encoder"))
+        read_vae_config(files.vae)
+        self.tokenizer = PromptTokenizer.from_dirs(files.qwen_tokenizer, files.t5_tokenizer)
+        self.keep_dit = keep_dit  # the bench runs several denoise passes on one loaded DiT
+        self._dit = None
+        self._dit_dtype: str | None = None
+
+    def _load_dit(self, dtype: str):
+        if self._dit is not None and self._dit_dtype == dtype:
+            return self._dit
+        dit = load_dit(self.files.dit, DTYPES[dtype])
+        if self.keep_dit:
+            self._dit, self._dit_dtype = dit, dtype
+        return dit
+
+    def encode(self, prompt: str, negative: str, dtype: str = "fp32") -> Conditioning:
+        """Qwen3 hidden states for both prompts (encoder freed afterwards), then the adapter from the DiT file."""
+        start = time.perf_counter()
+        tokens = [self.tokenizer.encode(p) for p in (prompt, negative)]
+        encoder = load_text_encoder(self.files.text_encoder)
+        with torch.no_grad():
+            states = [encoder.encode(t.qwen_ids) for t in tokens]
+        _free(encoder)
+        dit = self._load_dit(dtype)
+        with torch.no_grad():
+            contexts = [dit.llm_adapter.condition(s, torch.tensor([t.t5_ids]), torch.tensor([t.t5_weights]))
+                        for s, t in zip(states, tokens)]
+        if not self.keep_dit:
+            _free(dit)
+        return Conditioning(contexts[0], contexts[1], time.perf_counter() - start)
+
+    def denoise(self, conditioning: Conditioning, params: GenerationParams, *, keep_x0: bool = False,
+                on_step: Callable[[int, int, bool], None] | None = None) -> Denoised:
+        params.validate()
+        dit = self._load_dit(params.dtype)
+        engine = make_engine(dit, params.backend, subgraphs=params.subgraphs, width=params.width,
+                             height=params.height, dit_path=self.files.dit)
+        cache = make_cache(params.cache, params.steps, params.cache_options)
+        cfg = params.cfg
+
+        def denoise(x: np.ndarray, sigma: float, step: int) -> np.ndarray:
+            latent = torch.from_numpy(x)
+            with torch.no_grad():
+                v = engine.velocity(latent, sigma, conditioning.positive)
+                if cfg != 1.0:  # CFG 1 is the conditional model alone: skip the wasted pass
+                    v_uncond = engine.velocity(latent, sigma, conditioning.negative)
+                    v = v_uncond + cfg * (v - v_uncond)
+            return (latent - sigma * v).numpy()
+
+        start = time.perf_counter()
+        try:
+            sample = sample_euler(denoise, initial_noise(params.seed, params.width, params.height),
+                                  flow_sigmas(params.steps, params.shift), cache, callback=on_step, keep_x0=keep_x0)
+        finally:
+            engine.close()
+        elapsed = time.perf_counter() - start
+        if not self.keep_dit:
+            _free(dit, engine)
+        return Denoised(sample, engine.passes, engine.subgraph_runs, elapsed)
+
+    def decode(self, latent: np.ndarray, tile: int | None = None, overlap: int = 64) -> tuple[Image.Image, float]:
+        start = time.perf_counter()
+        vae = load_vae(self.files.vae)
+        z = torch.from_numpy(latent)
+        with torch.no_grad():
+            pixels = vae.decode(z) if tile is None else decode_tiled(vae, z, tile, overlap)
+        _free(vae)
+        array = (pixels[0].permute(1, 2, 0).clamp(0, 1).numpy() * 255).round().astype(np.uint8)
+        return Image.fromarray(array), time.perf_counter() - start
+
+    def generate(self, params: GenerationParams,
+                 on_step: Callable[[int, int, bool], None] | None = None) -> GenerationResult:
+        params.validate()
+        conditioning = self.encode(params.prompt, params.negative, params.dtype)
+        denoised = self.denoise(conditioning, params, on_step=on_step)
+        image, decode_s = None, 0.0
+        if denoised.sample.finite:  # never decode (and never save) a latent with NaN/Inf in it
+            image, decode_s = self.decode(denoised.sample.latent, params.vae_tile, params.vae_overlap)
+        return GenerationResult(image, denoised.sample.latent, params, conditioning, denoised, decode_s)
+
+
+def png_parameters(params: GenerationParams, model_name: str, result: GenerationResult | None = None) -> str:
+    """The A1111/ComfyUI-style `parameters` text that image tools read back."""
+    fields = [f"Steps: {params.steps}", "Sampler: Euler", "Schedule type: Simple", f"CFG scale: {params.cfg}",
+              f"Seed: {params.seed}", f"Size: {params.width}x{params.height}", f"Model: {model_name}",
+              f"Shift: {params.shift}", f"Dtype: {params.dtype}", f"Backend: {params.backend}",
+              f"Cache: {params.cache}"]
+    if params.cache_options:
+        fields.append("Cache options: " + ",".join(f"{k}={v}" for k, v in params.cache_options.items()))
+    if result is not None and params.cache != "none":
+        fields.append(f"Computed steps: {len(result.denoised.sample.computed_steps)}/{params.steps}")
+    return f"{params.prompt}\nNegative prompt: {params.negative}\n" + ", ".join(fields)

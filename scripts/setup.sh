@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Creates .venv with the package and its test dependencies. Safe to run again.
+# torch is pinned to the CPU build that this machine's pip finds on disk (a bare `torch` pulls CUDA).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$root/.venv"
+[ -x "$venv/bin/python" ] || "${PYTHON:-python3.11}" -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+"$venv/bin/python" -m pip install --quiet torch==2.13.0 -e "$root[test]" 2>&1 | grep -v "^WARNING: Location" || true
+"$venv/bin/python" -c "import anima_rknn, torch; print('anima-rknn ready: torch', torch.__version__)"

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Sets up both environments and runs every test: the main suite in .venv, the RKNN tests in .venv-rknn
+# (rknn-toolkit2 and its x86 simulator pin old numpy/onnx/protobuf, so they live apart).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bash scripts/setup.sh
+bash scripts/setup-rknn-env.sh
+.venv/bin/python -m pytest -q "$@"
+.venv-rknn/bin/python -m pytest -q tests/export/test_rknn.py tests/engine/test_rknn_backend.py tests/engine/test_memory_plan.py "$@"

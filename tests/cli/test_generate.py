@@ -1,0 +1,130 @@
+"""`anima-rknn generate` as a user runs it: JSON, PNG metadata, determinism, and one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from anima_rknn.checkpoint import load_tensors, save_tensors
+
+FAST = ("--width", "64", "--height", "64", "--steps", "4")
+
+
+def test_generate_writes_png_with_parameters_and_json(run_cli, model_dir, tmp_path):
+    out = tmp_path / "a.png"
+    result = run_cli("generate", "--model", model_dir, "--prompt", "a red circle", *FAST, "--out", out, "--json")
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    assert report["image"] == str(out) and report["finite"] is True
+    assert (report["width"], report["height"], report["steps"], report["cfg"]) == (64, 64, 4, 4.0)
+    assert report["transformer_passes"] == 8 and report["subgraph_runs"] == 8 * 3 * 2
+    assert set(report["timings"]) == {"encode_s", "denoise_s", "decode_s", "total_s"}
+    image = Image.open(out)
+    assert image.size == (64, 64)
+    parameters = image.text["parameters"]
+    assert parameters.startswith("a red circle\nNegative prompt: worst quality")
+    assert "Steps: 4" in parameters and "Seed: 20260812" in parameters and "CFG scale: 4.0" in parameters
+
+
+def test_same_seed_same_image_other_seed_other_image(run_cli, model_dir, tmp_path):
+    paths = [tmp_path / f"{i}.png" for i in range(3)]
+    for path, seed in zip(paths, (7, 7, 8)):
+        assert run_cli("generate", "--model", model_dir, "-p", "cat", *FAST, "--seed", seed, "-o", path).code == 0
+    a, b, c = (np.asarray(Image.open(p)) for p in paths)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_spectrum_runs_11_of_20_steps(run_cli, model_dir, tmp_path):
+    result = run_cli("generate", "--model", model_dir, "-p", "cat", "-W", "64", "-H", "64", "--cache", "spectrum",
+                     "-o", tmp_path / "s.png", "--json")
+    report = json.loads(result.out)
+    assert report["computed_steps"] == [1, 2, 3, 4, 6, 8, 11, 14, 18, 19, 20]
+    assert report["transformer_passes"] == 22 and report["finite"] is True
+    assert "computed 11/20 steps" in result.err
+
+
+def test_cache_options_string_and_flags(run_cli, model_dir, tmp_path):
+    result = run_cli("generate", "--model", model_dir, "-p", "cat", "-W", "64", "-H", "64", "--cache", "spectrum",
+                     "--cache-option", "warmup=6,w=0.5", "--spectrum-warmup", "5", "-o", tmp_path / "s.png", "--json")
+    report = json.loads(result.out)
+    assert report["cache_options"] == {"warmup": 5, "w": 0.5}
+    assert report["computed_steps"][:5] == [1, 2, 3, 4, 5]
+
+
+def _assert_one_line_error(result, pattern: str) -> None:
+    assert result.code != 0
+    assert "Traceback" not in result.err
+    lines = [line for line in result.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.err
+    assert pattern in lines[0]
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (("-W", "100"), "multiples of 16"),
+    (("--steps", "0"), "steps must be at least 1"),
+    (("--cache-option", "bogus=1"), "bogus"),
+])
+def test_bad_options(run_cli, model_dir, tmp_path, args, pattern):
+    out = tmp_path / "x.png"
+    result = run_cli("generate", "--model", model_dir, "-p", "cat", *args, "-o", out)
+    _assert_one_line_error(result, pattern)
+    assert not out.exists()
+
+
+def test_unknown_dtype_is_refused(run_cli, model_dir, tmp_path):
+    result = run_cli("generate", "--model", model_dir, "-p", "cat", "--dtype", "fp8", "-o", tmp_path / "x.png")
+    assert result.code == 2 and "Traceback" not in result.err and "fp8" in result.err
+
+
+def test_unwritable_output(run_cli, model_dir, tmp_path):
+    result = run_cli("generate", "--model", model_dir, "-p", "cat", "-o", tmp_path / "no" / "such" / "x.png")
+    _assert_one_line_error(result, "does not exist or is not writable")
+
+
+def test_existing_output_is_kept_unless_overwrite(run_cli, model_dir, tmp_path):
+    out = tmp_path / "keep.png"
+    out.write_bytes(b"precious")
+    _assert_one_line_error(run_cli("generate", "--model", model_dir, "-p", "cat", *FAST, "-o", out), "--overwrite")
+    assert out.read_bytes() == b"precious"
+    assert run_cli("generate", "--model", model_dir, "-p", "cat", *FAST, "-o", out, "--overwrite").code == 0
+    assert Image.open(out).size == (64, 64)
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.png"]  # no temporary files left behind
+
+
+def _explicit(tiny_set, **override):
+    files = {"--dit": tiny_set.dit, "--text-encoder": tiny_set.text_encoder, "--vae": tiny_set.vae,
+             "--qwen-tokenizer": tiny_set.qwen_tokenizer, "--t5-tokenizer": tiny_set.t5_tokenizer, **override}
+    return [str(x) for pair in files.items() for x in pair]
+
+
+def test_bad_model_files(run_cli, tiny_set, tmp_path):
+    out = tmp_path / "x.png"
+    _assert_one_line_error(run_cli("generate", *_explicit(tiny_set, **{"--dit": tmp_path / "nope.safetensors"}),
+                                   "-p", "cat", "-o", out), "not found")
+    # the VAE file given as the DiT: says which key is missing
+    _assert_one_line_error(run_cli("generate", *_explicit(tiny_set, **{"--dit": tiny_set.vae}), "-p", "cat",
+                                   *FAST, "-o", out), "missing tensor x_embedder.proj.1.weight")
+    truncated = tmp_path / "cut.safetensors"
+    truncated.write_bytes(tiny_set.dit.read_bytes()[:100_000])
+    _assert_one_line_error(run_cli("generate", *_explicit(tiny_set, **{"--dit": truncated}), "-p", "cat", *FAST,
+                                   "-o", out), "truncated")
+    tensors = load_tensors(tiny_set.dit, "DiT")
+    tensors["net.blocks.1.mlp.layer1.weight"] = torch.zeros(7, 128, dtype=torch.bfloat16)
+    save_tensors(tensors, tmp_path / "shape.safetensors")
+    _assert_one_line_error(run_cli("generate", *_explicit(tiny_set, **{"--dit": tmp_path / "shape.safetensors"}),
+                                   "-p", "cat", *FAST, "-o", out), "blocks.1.mlp.layer1.weight has shape [7, 128]")
+    assert not out.exists()
+
+
+def test_console_script_end_to_end(model_dir, tmp_path):
+    """The installed `anima-rknn` entry point itself, in a fresh process."""
+    out = tmp_path / "e2e.png"
+    cmd = [sys.executable, "-m", "anima_rknn", "generate", "--model", str(model_dir), "-p", "cat", *FAST,
+           "-o", str(out), "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["finite"] is True and out.is_file()

@@ -1,0 +1,110 @@
+"""ONNX -> .rknn conversion: manifest, resumability, source checks. Runs in .venv-rknn (rknn-toolkit2)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from anima_rknn.errors import AnimaError
+from anima_rknn.export.rknn import TOOLKIT_MISSING, convert_subgraphs
+from anima_rknn.files import sha256_file
+
+sys.path.insert(0, str(Path(__file__).parents[1]))  # the shared test-only subgraph exporter
+from rknn_tiny_subgraphs import export_tiny_subgraphs  # noqa: E402
+
+HAS_TOOLKIT = importlib.util.find_spec("rknn") is not None
+needs_toolkit = pytest.mark.skipif(not HAS_TOOLKIT, reason="rknn-toolkit2 lives in .venv-rknn")
+
+
+@pytest.fixture(scope="module")
+def onnx_dir(tmp_path_factory) -> Path:
+    pytest.importorskip("rknn.api")
+    folder = tmp_path_factory.mktemp("onnx")
+    export_tiny_subgraphs(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def converted(onnx_dir, tmp_path_factory) -> Path:
+    return convert_subgraphs(onnx_dir, tmp_path_factory.mktemp("rknn"), progress=False).parent
+
+
+@pytest.mark.skipif(HAS_TOOLKIT, reason="checks the message shown where the toolkit is missing")
+def test_missing_toolkit_is_one_clear_line(tmp_path):
+    with pytest.raises(AnimaError) as raised:
+        convert_subgraphs(tmp_path, tmp_path / "out")
+    assert str(raised.value) == TOOLKIT_MISSING and "\n" not in TOOLKIT_MISSING
+
+
+@needs_toolkit
+def test_manifest_extends_the_source_and_describes_every_file(onnx_dir, converted):
+    source = json.loads((onnx_dir / "manifest.json").read_text())
+    manifest = json.loads((converted / "manifest.json").read_text())
+    assert {key: manifest[key] for key in source} == source  # existing keys untouched
+    rknn = manifest["rknn"]
+    assert rknn["toolkit_version"] == "2.5.0" and rknn["target"] == "rk3588"
+    assert rknn["source_sha256"] == sha256_file(onnx_dir / "manifest.json")
+    assert [r["rknn_file"] for r in rknn["subgraphs"]] == [
+        Path(e["file"]).with_suffix(".rknn").name for e in source["subgraphs"]]
+    for record in rknn["subgraphs"]:
+        path = converted / record["rknn_file"]
+        assert record["rknn_sha256"] == sha256_file(path) and record["rknn_bytes"] == path.stat().st_size
+        assert record["convert_s"] > 0 and record["internal_bytes"] > 0 and record["weight_bytes"] > 0
+    assert not list(converted.glob(".*.part"))
+
+
+@needs_toolkit
+def test_interrupted_conversion_redoes_only_the_missing_file(onnx_dir, converted, tmp_path, monkeypatch):
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)  # verbose builds dump debug ONNX files into the working folder unless kept away
+    out = tmp_path / "rknn"
+    shutil.copytree(converted, out)
+    before = {p.name: p.stat().st_mtime_ns for p in out.glob("*.rknn")}
+    (out / "b01_cross_attn.rknn").unlink()
+    (out / ".b01_cross_attn.rknn.x1y2z3.part").write_bytes(b"half a model")  # what a killed run leaves
+    convert_subgraphs(onnx_dir, out, progress=False)
+    after = {p.name: p.stat().st_mtime_ns for p in out.glob("*.rknn")}
+    assert after.keys() == before.keys()
+    assert [name for name in after if after[name] != before[name]] == ["b01_cross_attn.rknn"]
+    assert not list(out.glob(".*.part")) and not list(workdir.iterdir())
+    manifest = json.loads((out / "manifest.json").read_text())
+    redone = next(r for r in manifest["rknn"]["subgraphs"] if r["rknn_file"] == "b01_cross_attn.rknn")
+    assert redone["rknn_sha256"] == sha256_file(out / "b01_cross_attn.rknn")
+
+
+@needs_toolkit
+def test_a_changed_onnx_file_is_refused_by_name(onnx_dir, tmp_path):
+    source = tmp_path / "onnx"
+    shutil.copytree(onnx_dir, source)
+    with open(source / "b00_mlp.onnx", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(AnimaError, match="b00_mlp.onnx does not match its manifest"):
+        convert_subgraphs(source, tmp_path / "rknn", progress=False)
+    assert not (tmp_path / "rknn").exists()
+
+
+@needs_toolkit
+def test_converting_into_the_source_folder_is_refused(onnx_dir):
+    with pytest.raises(AnimaError, match="other than"):
+        convert_subgraphs(onnx_dir, onnx_dir, progress=False)
+
+
+@needs_toolkit
+def test_a_toolkit_failure_is_one_line_naming_the_file_and_leaves_no_partial_output(onnx_dir, tmp_path):
+    source = tmp_path / "onnx"
+    shutil.copytree(onnx_dir, source)
+    (source / "b00_cross_attn.onnx").write_bytes(b"not an onnx model")
+    manifest = json.loads((source / "manifest.json").read_text())
+    manifest["subgraphs"][1]["sha256"] = sha256_file(source / "b00_cross_attn.onnx")  # consistent, but unbuildable
+    (source / "manifest.json").write_text(json.dumps(manifest))
+    out = tmp_path / "rknn"
+    with pytest.raises(AnimaError, match="load_onnx failed for b00_cross_attn.onnx") as raised:
+        convert_subgraphs(source, out, progress=False)
+    assert "\n" not in str(raised.value)
+    assert sorted(p.name for p in out.iterdir()) == ["b00_self_attn.rknn", "convert-progress.json"]

@@ -1,0 +1,30 @@
+"""The small public API the README documents."""
+
+import subprocess
+import sys
+
+import torch
+
+import anima_rknn
+
+
+def test_load_dit_is_called_with_x_sigma_context(tiny_set):
+    dit = anima_rknn.load_dit(tiny_set.dit)
+    x = torch.randn(1, 16, 8, 8)
+    v = dit(x, torch.tensor([0.7]), torch.zeros(1, 512, dit.config.context_dim))
+    assert v.shape == x.shape and torch.isfinite(v).all()
+
+
+def test_pipeline_from_a_model_directory(tiny_set):
+    files = anima_rknn.resolve_model(tiny_set.dit.parents[2])
+    result = anima_rknn.AnimaPipeline(files).generate(
+        anima_rknn.GenerationParams(prompt="cat", width=64, height=64, steps=2))
+    assert result.image.size == (64, 64) and result.finite
+
+
+def test_spectrum_imports_without_torch():
+    code = ("import sys; sys.modules['torch'] = None; from anima_rknn import Spectrum; "
+            "s = Spectrum(20); print(s.should_predict())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -1,0 +1,62 @@
+"""The pipeline object the CLI uses: noise, stage order, the non-finite guard, the PNG `parameters` text."""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from anima_rknn.checkpoint import load_tensors, save_tensors
+from anima_rknn.pipeline import AnimaPipeline, GenerationParams, initial_noise, png_parameters
+
+
+def test_initial_noise_is_the_cpu_generator_of_torch():
+    noise = initial_noise(20260812, 512, 512)
+    assert noise.shape == (1, 16, 64, 64) and noise.dtype == np.float32
+    expected = torch.randn(1, 16, 64, 64, generator=torch.Generator("cpu").manual_seed(20260812)).numpy()
+    assert np.array_equal(noise, expected)
+    assert not np.array_equal(noise, initial_noise(20260813, 512, 512))
+
+
+def test_generate_defaults_are_the_on_device_report_setting():
+    params = GenerationParams(prompt="x")
+    assert (params.width, params.height, params.steps, params.cfg, params.seed, params.shift) == \
+        (512, 512, 20, 4.0, 20260812, 3.0)
+
+
+def test_decode_passes_tiling_through(tiny_set):
+    """Tiling accuracy is tested in tests/vae/test_tiling.py; here: one tile covering all == untiled."""
+    pipeline = AnimaPipeline(tiny_set)
+    latent = initial_noise(1, 128, 128) * 0.5
+    whole, _ = pipeline.decode(latent)
+    one_tile, _ = pipeline.decode(latent, tile=128, overlap=64)
+    tiled, _ = pipeline.decode(latent, tile=64, overlap=32)
+    assert np.array_equal(np.asarray(whole), np.asarray(one_tile))
+    assert whole.size == tiled.size == (128, 128) and not np.array_equal(np.asarray(whole), np.asarray(tiled))
+
+
+def test_non_finite_latent_gives_no_image(tiny_set, tmp_path):
+    tensors = load_tensors(tiny_set.dit, "DiT")
+    tensors["net.final_layer.linear.weight"] = torch.full_like(tensors["net.final_layer.linear.weight"], math.inf)
+    broken = tmp_path / "nan.safetensors"
+    save_tensors(tensors, broken)
+    pipeline = AnimaPipeline(dataclasses.replace(tiny_set, dit=broken))
+    result = pipeline.generate(GenerationParams(prompt="cat", width=64, height=64, steps=3))
+    assert result.finite is False and result.image is None
+
+
+def test_parameters_text_reads_like_a1111():
+    params = GenerationParams(prompt="a cat", negative="blurry", steps=20, cache="spectrum",
+                              cache_options={"w": 0.5})
+    text = png_parameters(params, "anima.safetensors")
+    first, second, third = text.split("\n")
+    assert first == "a cat" and second == "Negative prompt: blurry"
+    assert "Steps: 20, Sampler: Euler" in third and "Cache: spectrum" in third and "Cache options: w=0.5" in third
+
+
+@pytest.mark.parametrize("cfg, passes", [(4.0, 8), (1.0, 4)])
+def test_cfg_one_skips_the_unconditional_pass(tiny_set, cfg, passes):
+    pipeline = AnimaPipeline(tiny_set)
+    result = pipeline.generate(GenerationParams(prompt="cat", width=64, height=64, steps=4, cfg=cfg))
+    assert result.denoised.transformer_passes == passes and result.finite
