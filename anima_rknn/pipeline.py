@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .engine import make_engine
+from .engine import RknnOptions, make_engine
 from .errors import AnimaError
 from .checkpoint import read_shapes
 from .model.io import load_dit, read_dit_config
@@ -46,6 +46,7 @@ class GenerationParams:
     cache_options: dict[str, float | str] = dataclasses.field(default_factory=dict)
     backend: str = "torch"
     subgraphs: Path | None = None
+    rknn: RknnOptions = dataclasses.field(default_factory=RknnOptions)  # used by the rknn backend only
     vae_tile: int | None = None  # pixels; None decodes in one piece
     vae_overlap: int = 64
 
@@ -149,7 +150,7 @@ class AnimaPipeline:
         params.validate()
         dit = self._load_dit(params.dtype)
         engine = make_engine(dit, params.backend, subgraphs=params.subgraphs, width=params.width,
-                             height=params.height, dit_path=self.files.dit)
+                             height=params.height, dit_path=self.files.dit, rknn=params.rknn)
         cache = make_cache(params.cache, params.steps, params.cache_options)
         cfg = params.cfg
 

@@ -11,7 +11,8 @@ All on the same number of threads. Prints a Markdown table.
 from __future__ import annotations
 
 import argparse
-import statistics
+import functools
+import math
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,14 +28,29 @@ from anima_rknn.model.config import PRESETS
 from anima_rknn.model.io import load_dit, random_dit, save_dit
 
 
-def median_seconds(run: Callable[[], object], repeats: int) -> float:
-    run()  # warm-up: allocator, ORT session first run
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def best_seconds(candidates: dict[str, Callable[[], object]], rounds: int,
+                 clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+    """Best of `rounds`, candidates interleaved: on a shared machine, background load hits all of them alike."""
+    for run in candidates.values():
+        run()  # warm-up: allocator, ORT's first run
+    best = dict.fromkeys(candidates, math.inf)
+    for _ in range(rounds):
+        for label, run in candidates.items():
+            start = clock()
+            run()
+            best[label] = min(best[label], clock() - start)
+    return best
+
+
+def cfg_step(engine: SplitEngine, x: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor) -> Callable[[], None]:
+    """One guided step: cond + uncond passes at a sigma never seen before, as in sampling."""
+    sigmas = iter(torch.linspace(1, 0.01, 10_000).tolist())
+
+    def step() -> None:
+        sigma = next(sigmas)
+        engine.velocity(x, sigma, cond)
+        engine.velocity(x, sigma, uncond)
+    return step
 
 
 def main() -> None:
@@ -44,6 +60,9 @@ def main() -> None:
     parser.add_argument("--height", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="Time with the process's CPU time, not wall time: steadier on a loaded machine "
+                             "(with --threads 1 it equals wall time on an idle one).")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = PRESETS[args.preset]
@@ -51,63 +70,49 @@ def main() -> None:
     x = torch.randn((1, config.in_channels, args.height // 8, args.width // 8), generator=generator)
     cond, uncond = (torch.randn((1, config.context_tokens, config.context_dim), generator=generator)
                     for _ in range(2))
-    size = dict(width=args.width, height=args.height)
+    size = {"width": args.width, "height": args.height}
 
     with tempfile.TemporaryDirectory() as tmp:
         dit_path = Path(tmp) / "dit.safetensors"
         save_dit(random_dit(config, seed=0), dit_path, dtype=torch.float32)
         dit = load_dit(dit_path)
-        sigma = torch.tensor([0.5])
-        rows: list[tuple[str, float]] = []
-
-        def per_pass(label: str, velocity: Callable[[], object]) -> None:
-            rows.append((label, median_seconds(velocity, args.repeats)))
-
-        with torch.inference_mode():
-            per_pass("monolithic dit(x, sigma, context), fp32", lambda: dit(x, sigma, cond))
-        bare = SplitEngine(dit, TorchBackend(dit, cache_context_kv=False), share_modulations=False)
-        per_pass("split, torch fp32, savings off", lambda: bare.velocity(x, 0.5, cond))
+        # Per-pass rows run with the savings off: the split's own cost, and each backend's.
+        engines = {"split, torch fp32": SplitEngine(dit, TorchBackend(dit, cache_context_kv=False),
+                                                    share_modulations=False)}
         for dtype in (torch.float16, torch.bfloat16):
             low = load_dit(dit_path, dtype)
-            engine = SplitEngine(low, TorchBackend(low, dtype, cache_context_kv=False), share_modulations=False)
-            per_pass(f"split, torch {str(dtype)[6:]} bodies, savings off", lambda: engine.velocity(x, 0.5, cond))
-            del low, engine
+            engines[f"split, torch {str(dtype)[6:]} bodies"] = SplitEngine(
+                low, TorchBackend(low, dtype, cache_context_kv=False), share_modulations=False)
         for export_dtype in ("float32", "float16"):
             subgraphs = export_subgraphs(dit_path, args.width, args.height, Path(tmp) / export_dtype, export_dtype,
                                          progress=False).parent
-            onnx = make_engine(dit, "onnx", subgraphs=subgraphs, **size)
-            per_pass(f"split, onnx {export_dtype} (ORT CPU)", lambda: onnx.velocity(x, 0.5, cond))
-            onnx.close()
-
-        def cfg_step(engine: SplitEngine) -> Callable[[], None]:
-            sigmas = iter(torch.linspace(1, 0.01, 10_000).tolist())  # a new sigma every step, as in sampling
-
-            def step() -> None:
-                sigma_now = next(sigmas)
-                engine.velocity(x, sigma_now, cond)
-                engine.velocity(x, sigma_now, uncond)
-            return step
-
-        step_rows = [
-            ("CFG step, split torch fp32, no savings", bare),
-            ("CFG step, + AdaLN shared by cond/uncond", SplitEngine(dit, TorchBackend(dit, cache_context_kv=False))),
-            ("CFG step, + K/V once per prompt", make_engine(dit, **size)),
-        ]
-        for label, engine in step_rows:
-            rows.append((label, median_seconds(cfg_step(engine), args.repeats)))
+            engines[f"split, onnx {export_dtype} (ORT CPU)"] = make_engine(dit, "onnx", subgraphs=subgraphs, **size)
+        monolithic = "monolithic dit(x, sigma, context), fp32"
+        passes = {monolithic: lambda: dit(x, torch.tensor([0.5]), cond)}
+        passes.update({label: functools.partial(engine.velocity, x, 0.5, cond) for label, engine in engines.items()})
+        no_savings = "CFG step, split torch fp32, no savings"
+        steps = {
+            no_savings: cfg_step(engines["split, torch fp32"], x, cond, uncond),
+            "CFG step, + AdaLN shared by cond/uncond":
+                cfg_step(SplitEngine(dit, TorchBackend(dit, cache_context_kv=False)), x, cond, uncond),
+            "CFG step, + K/V once per prompt": cfg_step(make_engine(dit, **size), x, cond, uncond),
+        }
+        with torch.inference_mode():
+            clock = time.process_time if args.cpu_time else time.perf_counter
+            timed = best_seconds({**passes, **steps}, args.repeats, clock)
 
     tokens = (args.width // 16) * (args.height // 16)
     print(f"\n{args.preset} preset ({config.blocks} blocks, hidden {config.hidden}), {args.width}x{args.height} "
-          f"= {tokens} tokens, {args.threads} threads, median of {args.repeats}\n")
-    monolithic, split = rows[0][1], rows[1][1]
-    no_savings = next(t for label, t in rows if label.endswith("no savings"))
+          f"= {tokens} tokens, {args.threads} threads, {'CPU' if args.cpu_time else 'wall'} seconds, "
+          f"best of {args.repeats} interleaved rounds\n")
     print("| what | seconds | vs monolithic pass | vs step without savings |")
     print("|---|---:|---:|---:|")
-    for label, seconds in rows:
-        versus_step = f"{seconds / no_savings - 1:+.1%}" if label.startswith("CFG") else ""
-        versus_pass = "" if label.startswith("CFG") else f"{seconds / monolithic - 1:+.1%}"
+    for label, seconds in timed.items():
+        versus_pass = "" if label in steps else f"{seconds / timed[monolithic] - 1:+.1%}"
+        versus_step = f"{seconds / timed[no_savings] - 1:+.1%}" if label in steps else ""
         print(f"| {label} | {seconds:.3f} | {versus_pass} | {versus_step} |")
-    print(f"\nhost overhead of the split (savings off): {split / monolithic - 1:+.1%} per pass")
+    overhead = timed["split, torch fp32"] / timed[monolithic] - 1
+    print(f"\nhost overhead of the split (no savings): {overhead:+.1%} per pass")
 
 
 if __name__ == "__main__":

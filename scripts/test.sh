@@ -7,4 +7,4 @@ cd "$root"
 bash scripts/setup.sh
 bash scripts/setup-rknn-env.sh
 .venv/bin/python -m pytest -q "$@"
-.venv-rknn/bin/python -m pytest -q tests/export/test_rknn.py tests/engine/test_rknn_backend.py tests/engine/test_memory_plan.py "$@"
+.venv-rknn/bin/python -m pytest -q tests/export/test_rknn.py tests/engine/test_rknn_backend.py tests/engine/test_memory_plan.py tests/cli/test_rknn_cli.py "$@"

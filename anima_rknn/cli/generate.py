@@ -15,7 +15,7 @@ from ..model_set import resolve
 from ..pipeline import AnimaPipeline, GenerationParams, GenerationResult, png_parameters
 from ..sampling.caches import CACHE_NAMES, parse_cache_options
 from . import cli
-from .options import model_options, sampling_options
+from .options import model_options, rknn_options, rknn_settings, sampling_options
 
 SPECTRUM_TYPES = {"w": float, "m": int, "lam": float, "window": int, "flex": float, "warmup": int, "stop": float}
 
@@ -69,6 +69,7 @@ def spectrum_option(key: str):
 @cli.command("generate")
 @model_options
 @sampling_options
+@rknn_options
 @click.option("--cache", type=click.Choice(CACHE_NAMES), default="none", show_default=True,
               help="Step cache: none = every step computed (the exact baseline).")
 @click.option("--cache-option", "cache_option", default=None,
@@ -87,8 +88,8 @@ def spectrum_option(key: str):
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results on stdout.")
 def generate(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, negative, width, height, steps,
-             cfg, seed, shift, dtype, backend, subgraphs, cache, cache_option, vae_tiling, vae_tile_size,
-             vae_tile_overlap, out, overwrite, as_json, **spectrum) -> None:
+             cfg, seed, shift, dtype, backend, subgraphs, rknn_runtime, rknn_budget, rknn_core_mask, cache,
+             cache_option, vae_tiling, vae_tile_size, vae_tile_overlap, out, overwrite, as_json, **spectrum) -> None:
     """Generate one image."""
     out_path = Path(out)
     params = GenerationParams(
@@ -96,6 +97,7 @@ def generate(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt
         shift=shift, dtype=dtype, cache=cache,
         cache_options=cache_options(cache_option, {k.removeprefix("spectrum_"): v for k, v in spectrum.items()}),
         backend=backend, subgraphs=Path(subgraphs) if subgraphs else None,
+        rknn=rknn_settings(rknn_runtime, rknn_budget, rknn_core_mask),
         vae_tile=vae_tile_size if vae_tiling else None, vae_overlap=vae_tile_overlap,
     )
     params.validate()

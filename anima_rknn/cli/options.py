@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 import click
 
+from ..engine.backends.rknn import CORE_MASKS, RUNTIMES, RknnOptions
+from ..engine.memory_plan import parse_size
 from ..pipeline import DEFAULT_NEGATIVE, DTYPES
 
 F = Callable[..., object]
@@ -44,3 +46,23 @@ def sampling_options(f: F) -> F:
     ]):
         f = option(f)
     return f
+
+
+def rknn_options(f: F) -> F:
+    """--rknn-runtime / --rknn-budget / --rknn-core-mask; the command turns them into rknn_settings(...)."""
+    for option in reversed([
+        click.option("--rknn-runtime", type=click.Choice(RUNTIMES), default="auto", show_default=True,
+                     help="rknn backend: lite = RKNNLite on the board, simulator = rknn-toolkit2 on x86."),
+        click.option("--rknn-budget", default=None,
+                     help="rknn backend: memory budget (e.g. 6GB); bounds the resident contexts "
+                          "(see `anima-rknn plan`). Default: keep every context open."),
+        click.option("--rknn-core-mask", type=click.Choice(list(CORE_MASKS)), default="auto", show_default=True,
+                     help="rknn backend on the board: NPU cores to run on."),
+    ]):
+        f = option(f)
+    return f
+
+
+def rknn_settings(rknn_runtime: str, rknn_budget: str | None, rknn_core_mask: str) -> RknnOptions:
+    budget = None if rknn_budget is None else parse_size(rknn_budget)
+    return RknnOptions(runtime=rknn_runtime, budget_bytes=budget, core_mask=rknn_core_mask)

@@ -2,12 +2,15 @@
 
 Each context holds its subgraph's weights and its own activation ("internal") buffer on the NPU side, and
 RKNNLite keeps a second copy of the .rknn file in Python memory. All NPU allocations share one ~4 GiB IOMMU
-domain, and the board has 8 GB in all, so the full model (84 contexts) never fits: the backend keeps at most
-`max_resident` contexts and reloads the rest in turn.
+domain, and the board has 8 GB in all, so the full model (84 contexts) never fits. With room for k < 84
+contexts, the first k-1 stay open for the whole run (pinned) and the others take turns in the last slot:
+a pass then loads 84-k+1 contexts. Plain LRU would be worse: over a repeating cycle longer than the bound
+it evicts every context just before it is needed again, so it reloads all 84 on every pass.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +31,12 @@ ADALN_LORA = 256
 FINAL_FEATURES = 64
 CONTEXT_DIM = 1024
 CONTEXT_TOKENS = 512
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]I?B?|B)?", re.IGNORECASE)
+_SIZE_UNITS = {
+    "B": 1,
+    **{prefix + "B": 1000 ** (power + 1) for power, prefix in enumerate("KMGT")},
+    **{prefix + suffix: 1024 ** (power + 1) for power, prefix in enumerate("KMGT") for suffix in ("", "I", "IB")},
+}
 
 
 @dataclass(frozen=True)
@@ -55,9 +64,9 @@ class MemoryPlan:
     budget_bytes: int | None
     activation_source: str  # "compiler" (from the conversion) or "spec-scaled"
     max_resident: int
-    peak_bytes: int  # host side + the costliest window of resident contexts
+    peak_bytes: int  # host side + the pinned contexts + the costliest one that takes turns
     npu_peak_bytes: int
-    loads_per_pass: int  # steady state, one transformer pass (LRU over a cycle reloads everything it evicts)
+    loads_per_pass: int  # steady state, one transformer pass
     releases_per_pass: int
 
     def describe(self) -> str:
@@ -77,7 +86,8 @@ class MemoryPlan:
         budget = "none" if self.budget_bytes is None else size(self.budget_bytes)
         lines += [
             f"host side {size(self.host_bytes)}, budget {budget}, NPU domain {size(NPU_DOMAIN_BYTES)}",
-            f"resident contexts {self.max_resident} of {len(self.contexts)}: predicted peak "
+            f"resident contexts {self.max_resident} of {len(self.contexts)} "
+            f"({pinned_contexts(len(self.contexts), self.max_resident)} pinned): predicted peak "
             f"{size(self.peak_bytes)} (NPU {size(self.npu_peak_bytes)})",
             f"per transformer pass: {self.loads_per_pass} loads, {self.releases_per_pass} releases",
         ]
@@ -86,6 +96,15 @@ class MemoryPlan:
 
 def size(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def parse_size(text: str) -> int:
+    """'8GB' (decimal units) or '6GiB' / '6G' (binary) -> bytes."""
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise AnimaError(f"cannot read {text!r} as a memory size: write e.g. 8GB, 6GiB or 512MB")
+    number, unit = match.groups()
+    return round(float(number) * _SIZE_UNITS[(unit or "B").upper()])
 
 
 def weight_bytes(kind: str, hidden: int, mlp: int, context_dim: int = CONTEXT_DIM) -> int:
@@ -116,11 +135,26 @@ def host_bytes(hidden: int, blocks: int, tokens: int) -> int:
     return 4 * (params + working) + HOST_RUNTIME_BYTES
 
 
-def window_peak(values: list[int], width: int) -> int:
-    """Largest sum of `width` consecutive values, cyclically: the contexts an LRU holds at one time."""
-    n = len(values)
-    width = min(width, n)
-    return max(sum(values[(start + i) % n] for i in range(width)) for start in range(n))
+def pinned_contexts(count: int, max_resident: int | None) -> int:
+    """How many of `count` contexts stay open all run (indices 0 .. n-1) when at most `max_resident` may be.
+
+    All of them when they fit; otherwise all but one slot, through which the rest take turns. This is the
+    one place the rule lives: the backend evicts by it and the plan counts loads by it.
+    """
+    if max_resident is None or max_resident >= count:
+        return count
+    return max_resident - 1
+
+
+def loads_per_pass(count: int, max_resident: int | None) -> int:
+    """Context loads (and as many releases) of one pass in steady state: every context that is not pinned."""
+    return count - pinned_contexts(count, max_resident)
+
+
+def resident_peak(values: list[int], max_resident: int) -> int:
+    """Largest total of the contexts open at one time: the pinned ones plus the costliest of the others."""
+    pinned = pinned_contexts(len(values), max_resident)
+    return sum(values[:pinned]) + max(values[pinned:], default=0)
 
 
 def choose(
@@ -136,16 +170,16 @@ def choose(
         raise AnimaError(f"one RKNN context needs {size(max(npu))}, more than the NPU's "
                          f"{size(NPU_DOMAIN_BYTES)} address space: use fewer tokens")
     resident = 1
-    for width in range(2, len(contexts) + 1):
-        fits_budget = budget_bytes is None or host + window_peak(totals, width) <= budget_bytes
-        if not (fits_budget and window_peak(npu, width) <= NPU_DOMAIN_BYTES):
+    for bound in range(2, len(contexts) + 1):
+        fits_budget = budget_bytes is None or host + resident_peak(totals, bound) <= budget_bytes
+        if not (fits_budget and resident_peak(npu, bound) <= NPU_DOMAIN_BYTES):
             break
-        resident = width
-    reloads = 0 if resident >= len(contexts) else len(contexts)
+        resident = bound
+    reloads = loads_per_pass(len(contexts), resident)
     return MemoryPlan(
         contexts=tuple(contexts), tokens=tokens, host_bytes=host, budget_bytes=budget_bytes,
         activation_source=activation_source, max_resident=resident,
-        peak_bytes=host + window_peak(totals, resident), npu_peak_bytes=window_peak(npu, resident),
+        peak_bytes=host + resident_peak(totals, resident), npu_peak_bytes=resident_peak(npu, resident),
         loads_per_pass=reloads, releases_per_pass=reloads,
     )
 

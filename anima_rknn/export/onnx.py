@@ -4,7 +4,7 @@ A set is made for one resolution (static shapes: the NPU converter needs them) a
 `load_manifest` refuses to use it for anything else. Graphs come from the classic TorchScript exporter at
 opset 17 and are then constant-folded by onnxscript's optimizer, which turns the exporter's shape
 arithmetic (Shape/Gather/Slice/Mod chains) into constants: what is left is MatMul, Softmax, Reshape,
-Transpose and element-wise ops, all in RKNN's supported set.
+Transpose, Slice/Concat (RoPE's half rotation), ReduceMean and element-wise ops, all in RKNN's supported set.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 import re
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
@@ -25,6 +25,9 @@ from ..errors import AnimaError
 from ..files import atomic_path, sha256_file
 from ..model.config import DiTConfig
 from ..model.io import load_dit
+
+if TYPE_CHECKING:
+    import onnx
 
 SUBGRAPHS_FORMAT = "anima-rknn-subgraphs/1"
 MANIFEST = "manifest.json"
@@ -65,7 +68,7 @@ def input_shapes(kind: str, config: DiTConfig, tokens: int) -> dict[str, list[in
     return {"x": x}
 
 
-def _export_graph(module: torch.nn.Module, shapes: dict[str, list[int]], dtype: torch.dtype) -> Any:
+def _export_graph(module: torch.nn.Module, shapes: dict[str, list[int]], dtype: torch.dtype) -> onnx.ModelProto:
     try:
         import onnx
         from onnxscript import optimizer

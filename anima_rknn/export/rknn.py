@@ -57,6 +57,23 @@ def read_manifest(subgraph_dir: str | os.PathLike) -> dict[str, Any]:
     return manifest
 
 
+def read_converted_manifest(rknn_dir: str | os.PathLike, *, dit_path: str | os.PathLike | None,
+                            width: int, height: int) -> dict[str, Any]:
+    """The manifest of a converted set, after checking it was made for this resolution and (given
+    `dit_path`) this DiT file. The .rknn files themselves are hashed when first loaded."""
+    manifest = read_manifest(rknn_dir)
+    if "rknn" not in manifest:
+        raise AnimaError(f"{rknn_dir} holds ONNX subgraphs, not .rknn ones: convert them with "
+                         "`anima-rknn convert-rknn` first")
+    if (manifest["width"], manifest["height"]) != (width, height):
+        raise AnimaError(f"subgraphs in {rknn_dir} were converted for {manifest['width']}x{manifest['height']}, "
+                         f"asked for {width}x{height}")
+    if dit_path is not None and sha256_file(dit_path) != manifest["model"]["sha256"]:
+        raise AnimaError(f"subgraphs in {rknn_dir} were exported from a different DiT file than {Path(dit_path).name} "
+                         f"(that was {manifest['model']['file']})")
+    return manifest
+
+
 def check_sha256(path: Path, expected: str) -> None:
     if not path.is_file():
         raise AnimaError(f"{path} is missing")
@@ -69,12 +86,15 @@ def toolkit_output() -> Iterator[BinaryIO]:
     """Send the toolkit's console output to a temp file, and drop its warnings, for the block.
 
     It prints progress bars and notes from native code even with verbose=False, which would bury our own
-    progress; redirecting the file descriptors catches both the Python and the C++ side. Its thousands of
+    progress; redirecting the file descriptors catches the C++ side, and redirecting sys.stdout/stderr the
+    Python side where those are not the descriptors (pytest's capture, notebooks). Its thousands of
     DeprecationWarnings (old onnx/NumPy APIs inside the toolkit) are nothing a user can act on.
     """
     sys.stdout.flush()
     sys.stderr.flush()
-    with tempfile.TemporaryFile() as log, warnings.catch_warnings():
+    with (tempfile.TemporaryFile() as log, warnings.catch_warnings(),
+          open(log.fileno(), "w", buffering=1, errors="replace", closefd=False) as text,
+          contextlib.redirect_stdout(text), contextlib.redirect_stderr(text)):
         warnings.simplefilter("ignore", DeprecationWarning)
         saved = os.dup(1), os.dup(2)
         os.dup2(log.fileno(), 1)
@@ -82,8 +102,7 @@ def toolkit_output() -> Iterator[BinaryIO]:
         try:
             yield log
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
+            text.flush()
             os.dup2(saved[0], 1)
             os.dup2(saved[1], 2)
             os.close(saved[0])

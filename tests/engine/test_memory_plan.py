@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from anima_rknn.engine.memory_plan import NPU_DOMAIN_BYTES, plan_memory, predict_memory
+from anima_rknn.engine.memory_plan import (
+    NPU_DOMAIN_BYTES,
+    loads_per_pass,
+    parse_size,
+    pinned_contexts,
+    plan_memory,
+    predict_memory,
+)
 from anima_rknn.errors import AnimaError
 
 # Anima DiT (spec/anima.md): hidden 2048, 28 blocks, MLP 8192, context 1024 wide.
@@ -44,16 +51,36 @@ def test_full_model_does_not_fit_the_board_and_the_bound_respects_budget_and_npu
         assert everything > BOARD_BYTES  # spec: 84 live contexts do not fit 8 GB
         assert 1 <= plan.max_resident < 84
         assert plan.peak_bytes <= BOARD_BYTES and plan.npu_peak_bytes <= NPU_DOMAIN_BYTES
-        # one more resident context would break a limit: check every cyclic window by brute force
-        k = plan.max_resident + 1
-        costs = [(c.total_bytes, c.npu_bytes) for c in plan.contexts] * 2
-        windows = [costs[start:start + k] for start in range(84)]
-        assert any(plan.host_bytes + sum(t for t, _ in w) > BOARD_BYTES or sum(n for _, n in w) > NPU_DOMAIN_BYTES
-                   for w in windows)
-        # LRU over a repeating cycle evicts each context before it is needed again
-        assert (plan.loads_per_pass, plan.releases_per_pass) == (84, 84)
+        # k resident = contexts 0..k-2 pinned + the costliest of the rest in the last slot; one more breaks a limit
+        totals = [c.total_bytes for c in plan.contexts]
+        npu = [c.npu_bytes for c in plan.contexts]
+        k = plan.max_resident
+        assert plan.peak_bytes == plan.host_bytes + sum(totals[:k - 1]) + max(totals[k - 1:])
+        assert plan.npu_peak_bytes == sum(npu[:k - 1]) + max(npu[k - 1:])
+        assert (plan.host_bytes + sum(totals[:k]) + max(totals[k:]) > BOARD_BYTES
+                or sum(npu[:k]) + max(npu[k:]) > NPU_DOMAIN_BYTES)
+        # every pass reloads the 84-(k-1) contexts that are not pinned
+        assert (plan.loads_per_pass, plan.releases_per_pass) == (84 - k + 1, 84 - k + 1)
     assert (predict_memory(HIDDEN, BLOCKS, 4096, MLP, BOARD_BYTES).max_resident
             < predict_memory(HIDDEN, BLOCKS, 1024, MLP, BOARD_BYTES).max_resident)
+
+
+@pytest.mark.parametrize(("bound", "pinned", "loads"),
+                         [(None, 84, 0), (84, 84, 0), (100, 84, 0), (83, 82, 2), (10, 9, 75), (2, 1, 83), (1, 0, 84)])
+def test_k_minus_one_pinned_contexts_and_the_loads_they_save(bound, pinned, loads):
+    assert pinned_contexts(84, bound) == pinned and loads_per_pass(84, bound) == loads
+
+
+@pytest.mark.parametrize(("text", "value"), [("8GB", 8 * 10**9), ("6GiB", 6 << 30), ("6g", 6 << 30),
+                                             ("512 MB", 512 * 10**6), ("1.5GB", 1_500_000_000), ("4096", 4096)])
+def test_sizes_read_decimal_and_binary_units(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["eight", "8 XB", "-1GB", "IB", ""])
+def test_unreadable_sizes_are_one_clear_line(text):
+    with pytest.raises(AnimaError, match="as a memory size"):
+        parse_size(text)
 
 
 def test_a_budget_below_one_context_plus_host_names_the_minimum():

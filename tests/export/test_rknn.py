@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,18 +13,18 @@ from anima_rknn.errors import AnimaError
 from anima_rknn.export.rknn import TOOLKIT_MISSING, convert_subgraphs
 from anima_rknn.files import sha256_file
 
-sys.path.insert(0, str(Path(__file__).parents[1]))  # the shared test-only subgraph exporter
-from rknn_tiny_subgraphs import export_tiny_subgraphs  # noqa: E402
-
 HAS_TOOLKIT = importlib.util.find_spec("rknn") is not None
 needs_toolkit = pytest.mark.skipif(not HAS_TOOLKIT, reason="rknn-toolkit2 lives in .venv-rknn")
 
 
 @pytest.fixture(scope="module")
-def onnx_dir(tmp_path_factory) -> Path:
+def onnx_dir(tiny_set, tmp_path_factory) -> Path:
+    """The real exporter's subgraphs of the tiny model set at 64x64."""
     pytest.importorskip("rknn.api")
+    from anima_rknn.export.onnx import export_subgraphs
+
     folder = tmp_path_factory.mktemp("onnx")
-    export_tiny_subgraphs(folder)
+    export_subgraphs(tiny_set.dit, 64, 64, folder, progress=False, overwrite=True)
     return folder
 
 

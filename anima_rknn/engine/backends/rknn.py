@@ -1,8 +1,8 @@
 """Runs a converted (.rknn) subgraph set on the RK3588 NPU, or on rknn-toolkit2's x86 simulator.
 
 One runtime context per subgraph, opened on first use. 84 contexts of the full model do not fit the board's
-memory, so `max_resident` bounds how many stay open: the least recently used one is released before the
-next one is loaded.
+memory, so `max_resident` bounds how many stay open: the first max_resident-1 subgraphs stay open (pinned)
+and the others take turns in the last slot (engine.memory_plan.pinned_contexts has the rule and why).
 
 The simulator cannot run a .rknn file (rknn-toolkit2 refuses `init_runtime(target=None)` after
 `load_rknn`), so in simulator mode each context is compiled again from the subgraph's ONNX source; the
@@ -15,6 +15,7 @@ import importlib.util
 import os
 import re
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import numpy as np
 
 from ...errors import AnimaError
 from ...export.rknn import TOOLKIT_MISSING, build_model, check_sha256, read_manifest, toolkit_call, toolkit_output
+from ..memory_plan import pinned_contexts
 
 RUNTIMES = ("auto", "simulator", "lite")
 CORE_MASKS = {
@@ -94,8 +96,18 @@ def resolve_runtime(runtime: str) -> str:
     return "simulator"
 
 
+@dataclass(frozen=True)
+class RknnOptions:
+    """How generate / bench run a converted set: which runtime, how much memory, which NPU cores."""
+
+    runtime: str = "auto"
+    budget_bytes: int | None = None  # None: every context stays open (fine for small models, not the full one)
+    core_mask: str = "auto"
+
+
 class RknnBackend:
-    """Backend protocol over RKNN runtime contexts, at most `max_resident` of them open at once."""
+    """Backend protocol over RKNN runtime contexts: at most `max_resident` open at once, the first
+    max_resident-1 pinned for the whole run and the others taking turns in the last slot."""
 
     name = "rknn"
 
@@ -110,7 +122,8 @@ class RknnBackend:
         self.subgraph_dir = Path(subgraph_dir)
         manifest = read_manifest(self.subgraph_dir)
         if "rknn" not in manifest:
-            raise AnimaError(f"{self.subgraph_dir} holds ONNX subgraphs, not .rknn ones: convert them first")
+            raise AnimaError(f"{self.subgraph_dir} holds ONNX subgraphs, not .rknn ones: convert them with "
+                             "`anima-rknn convert-rknn` first")
         if max_resident is not None and max_resident < 1:
             raise AnimaError(f"max_resident must be at least 1, not {max_resident}")
         if core_mask not in CORE_MASKS:
@@ -123,6 +136,7 @@ class RknnBackend:
         self.rknn_files = {record["index"]: record for record in self.conversion["subgraphs"]}
         if self.runtime == "lite":
             check_board(self.conversion["toolkit_version"], self.conversion["target"])
+        self.pinned_count = pinned_contexts(len(self.subgraphs), max_resident)
         self.contexts: OrderedDict[int, Any] = OrderedDict()  # least recently used first
         self.verified: set[int] = set()
         self.peak_live_contexts = 0
@@ -145,7 +159,7 @@ class RknnBackend:
 
     def close(self) -> None:
         while self.contexts:
-            self._release_oldest()
+            self._release(next(iter(self.contexts)))
 
     def _prepare(self, entry: dict[str, Any], spec: dict[str, Any], inputs: dict[str, np.ndarray]) -> np.ndarray:
         name = spec["name"]
@@ -162,16 +176,15 @@ class RknnBackend:
             self.contexts.move_to_end(index)
             return self.contexts[index]
         while self.max_resident is not None and len(self.contexts) >= self.max_resident:
-            self._release_oldest()
+            self._release(next(i for i in self.contexts if i >= self.pinned_count))
         context = self._load(index)
         self.contexts[index] = context
         self.loads += 1
         self.peak_live_contexts = max(self.peak_live_contexts, len(self.contexts))
         return context
 
-    def _release_oldest(self) -> None:
-        _, context = self.contexts.popitem(last=False)
-        context.release()
+    def _release(self, index: int) -> None:
+        self.contexts.pop(index).release()
         self.releases += 1
 
     def _load(self, index: int) -> Any:

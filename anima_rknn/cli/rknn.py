@@ -1,0 +1,166 @@
+"""`anima-rknn convert-rknn`, `plan` and `verify-rknn`: the RK3588 NPU side of the project."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import click
+import numpy as np
+import torch
+
+from ..engine.backends.rknn import RUNTIMES, RknnBackend
+from ..engine.backends.torch import TorchBackend
+from ..engine.memory_plan import parse_size, plan_memory, predict_memory
+from ..engine.split import SplitEngine
+from ..errors import AnimaError
+from ..export.onnx import token_count
+from ..export.rknn import convert_subgraphs, read_converted_manifest, read_manifest
+from ..model.config import PRESETS
+from ..model.dit import AnimaDiT
+from ..model.io import load_dit
+from ..model_set import resolve
+from ..pipeline import AnimaPipeline, initial_noise
+from . import cli
+from .options import model_options
+
+DEFAULT_MIN_COSINE = 0.999
+VERIFY_PROMPT = "1girl, long hair, smile, looking at viewer, flowers, blue sky"
+
+@cli.command("convert-rknn")
+@click.option("--subgraphs", required=True, type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="ONNX subgraph folder written by export-onnx.")
+@click.option("--target", default="rk3588", show_default=True, help="NPU platform to compile for.")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for the .rknn files and their manifest (run again to resume).")
+def convert_rknn(subgraphs: Path, target: str, out: Path) -> None:
+    """Compile every ONNX subgraph to fp16 .rknn (needs rknn-toolkit2: scripts/setup-rknn-env.sh)."""
+    manifest_path = convert_subgraphs(subgraphs, out, target=target, progress=True)
+    manifest = json.loads(manifest_path.read_text())
+    click.echo(f"converted {len(manifest['subgraphs'])} subgraphs for {target} into {out} "
+               f"(rknn-toolkit2 {manifest['rknn']['toolkit_version']})")
+
+
+@cli.command("plan")
+@click.option("--subgraphs", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Plan for this subgraph folder (uses the compiler's own sizes once converted).")
+@click.option("--preset", type=click.Choice(list(PRESETS)), help="Or plan from a model preset's dimensions.")
+@click.option("--width", "-W", type=int, default=512, show_default=True, help="With --preset: image width.")
+@click.option("--height", "-H", type=int, default=512, show_default=True, help="With --preset: image height.")
+@click.option("--budget", default=None, help="Memory the run may use, e.g. 8GB or 6GiB (default: no limit).")
+def plan(subgraphs: Path | None, preset: str | None, width: int, height: int, budget: str | None) -> None:
+    """Predict peak memory and load/release traffic per pass of the rknn backend; refuse a budget that cannot work."""
+    if (subgraphs is None) == (preset is None):
+        raise AnimaError("pass exactly one of --subgraphs DIR or --preset NAME")
+    budget_bytes = None if budget is None else parse_size(budget)
+    if subgraphs is not None:
+        memory = plan_memory(read_manifest(subgraphs), budget_bytes)
+    else:
+        config = PRESETS[preset]
+        memory = predict_memory(config.hidden, config.blocks, token_count(width, height), config.mlp, budget_bytes,
+                                config.context_dim)
+    click.echo(memory.describe())
+
+
+@dataclass(frozen=True)
+class SubgraphAccuracy:
+    index: int
+    file: str
+    cosine: float
+    max_rel_error: float  # max |rknn - torch| over max |torch|: relative to the output's scale
+
+
+class RecordingBackend:
+    """Passes each subgraph run through to `inner` and keeps its inputs and output."""
+
+    name = "recording"
+
+    def __init__(self, inner: TorchBackend) -> None:
+        self.inner = inner
+        self.records: dict[int, tuple[dict[str, np.ndarray], np.ndarray]] = {}
+
+    def run(self, index: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        output = self.inner.run(index, inputs)
+        self.records[index] = ({name: array.copy() for name, array in inputs.items()}, output.copy())
+        return output
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def capture_pass(dit: AnimaDiT, latent: torch.Tensor, sigma: float, context: torch.Tensor) -> RecordingBackend:
+    """One fp32 torch split pass; every subgraph's real inputs and fp32 output, by index."""
+    recorder = RecordingBackend(TorchBackend(dit, torch.float32))
+    engine = SplitEngine(dit, recorder)
+    engine.velocity(latent, sigma, context)
+    engine.close()
+    return recorder
+
+
+def agreement(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
+    """Cosine similarity and max error relative to the reference's largest magnitude, in float64."""
+    g, w = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
+    cosine = float(g @ w / max(np.linalg.norm(g) * np.linalg.norm(w), np.finfo(np.float64).tiny))
+    return cosine, float(np.abs(g - w).max() / max(np.abs(w).max(), np.finfo(np.float64).tiny))
+
+
+def verify_subgraphs(rknn_dir: Path, recorder: RecordingBackend, runtime: str = "auto") -> list[SubgraphAccuracy]:
+    """Run every converted subgraph on its recorded inputs, one context at a time, against fp32 torch."""
+    backend = RknnBackend(rknn_dir, runtime=runtime, max_resident=1)
+    files = {record["index"]: record["rknn_file"] for record in backend.conversion["subgraphs"]}
+    results = []
+    try:
+        for index, (inputs, want) in sorted(recorder.records.items()):
+            results.append(SubgraphAccuracy(index, files[index], *agreement(backend.run(index, inputs), want)))
+    finally:
+        backend.close()
+    return results
+
+
+def accuracy_table(results: list[SubgraphAccuracy], min_cosine: float) -> str:
+    lines = [f"{'#':>3}  {'subgraph':<22}{'cosine':>12}{'max rel err':>13}"]
+    for r in results:
+        flag = f"  BELOW {min_cosine}" if r.cosine < min_cosine else ""
+        lines.append(f"{r.index:>3}  {r.file:<22}{r.cosine:>12.7f}{r.max_rel_error:>13.2e}{flag}")
+    return "\n".join(lines)
+
+
+@cli.command("verify-rknn")
+@model_options
+@click.option("--subgraphs", required=True, type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Folder converted by convert-rknn.")
+@click.option("--prompt", "-p", default=VERIFY_PROMPT, show_default=True, help="Prompt whose context is fed.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the initial noise.")
+@click.option("--runtime", type=click.Choice(RUNTIMES), default="auto", show_default=True,
+              help="simulator (x86) or lite (board).")
+@click.option("--min-cosine", type=float, default=DEFAULT_MIN_COSINE, show_default=True,
+              help="Flag subgraphs whose cosine similarity to fp32 torch is below this.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as one JSON object on stdout.")
+def verify_rknn(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, subgraphs: Path, prompt: str, seed: int,
+                runtime: str, min_cosine: float, as_json: bool) -> None:
+    """Accuracy of every converted subgraph against fp32 torch, on the inputs of a real first denoising step.
+
+    The inputs are recorded from the torch split engine's pass on the initial noise (sigma 1) with the prompt's
+    real context. Exits with status 1 when any subgraph falls below --min-cosine.
+    """
+    files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
+                    t5_tokenizer=t5_tokenizer)
+    stored = read_manifest(subgraphs)
+    width, height = stored["width"], stored["height"]
+    read_converted_manifest(subgraphs, dit_path=files.dit, width=width, height=height)
+    context = AnimaPipeline(files).encode(prompt, "").positive
+    sigma = 1.0
+    latent = torch.from_numpy(initial_noise(seed, width, height))
+    recorder = capture_pass(load_dit(files.dit, torch.float32), latent, sigma, context)
+    results = verify_subgraphs(subgraphs, recorder, runtime)
+
+    flagged = [r.file for r in results if r.cosine < min_cosine]
+    if as_json:
+        click.echo(json.dumps({"subgraphs": [asdict(r) for r in results], "min_cosine": min_cosine, "sigma": sigma,
+                               "seed": seed, "prompt": prompt, "flagged": flagged}))
+    else:
+        click.echo(accuracy_table(results, min_cosine))
+    if flagged:
+        raise AnimaError(f"{len(flagged)} of {len(results)} subgraphs below cosine {min_cosine}: {', '.join(flagged)}")
+    click.echo(f"all {len(results)} subgraphs at cosine >= {min_cosine}", err=as_json)

@@ -1,0 +1,156 @@
+"""`convert-rknn`, `plan`, `verify-rknn` and `generate --backend rknn` as a user runs them.
+
+The toolkit-dependent tests run in .venv-rknn on the real exporter's subgraphs of the tiny model set; the
+missing-toolkit message and the planner run anywhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from anima_rknn.cli.rknn import agreement
+from anima_rknn.export.rknn import TOOLKIT_MISSING
+from anima_rknn.files import sha256_file
+
+HAS_TOOLKIT = importlib.util.find_spec("rknn") is not None
+needs_toolkit = pytest.mark.skipif(not HAS_TOOLKIT, reason="rknn-toolkit2 lives in .venv-rknn")
+SIZE = ("--width", "64", "--height", "64")
+
+
+@pytest.fixture(scope="module")
+def onnx_dir(tiny_set, tmp_path_factory) -> Path:
+    pytest.importorskip("rknn.api")
+    from anima_rknn.export.onnx import export_subgraphs
+
+    folder = tmp_path_factory.mktemp("onnx")
+    export_subgraphs(tiny_set.dit, 64, 64, folder, progress=False, overwrite=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def converted(onnx_dir, tmp_path_factory) -> Path:
+    from anima_rknn.export.rknn import convert_subgraphs
+
+    return convert_subgraphs(onnx_dir, tmp_path_factory.mktemp("rknn"), progress=False).parent
+
+
+@pytest.mark.skipif(HAS_TOOLKIT, reason="checks the message shown where the toolkit is missing")
+def test_convert_without_the_toolkit_says_how_to_install_it(run_cli, tmp_path):
+    (tmp_path / "onnx").mkdir()
+    result = run_cli("convert-rknn", "--subgraphs", tmp_path / "onnx", "--out", tmp_path / "rknn")
+    assert result.code == 1
+    assert result.err == f"error: {TOOLKIT_MISSING}\n" and "scripts/setup-rknn-env.sh" in result.err
+
+
+def test_plan_for_the_full_model_on_the_board(run_cli):
+    result = run_cli("plan", "--preset", "full", "-W", "512", "-H", "512", "--budget", "8GB")
+    assert result.code == 0, result.err
+    assert "84 contexts, 1024 tokens" in result.out and "budget 7.45 GiB" in result.out
+    resident = int(result.out.split("resident contexts ")[1].split()[0])
+    assert 1 < resident < 84
+    assert f"per transformer pass: {84 - resident + 1} loads, {84 - resident + 1} releases" in result.out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--preset", "full", "--budget", "1GB"), "cannot hold the host side plus one RKNN context"),
+    (("--preset", "full", "--budget", "lots"), "cannot read 'lots' as a memory size"),
+    ((), "pass exactly one of --subgraphs DIR or --preset NAME"),
+])
+def test_plan_refuses_in_one_line(run_cli, args, message):
+    result = run_cli("plan", *args)
+    assert result.code == 1 and message in result.err and result.err.count("\n") == 1
+
+
+def test_agreement_measures_cosine_and_error_relative_to_the_reference_scale():
+    cosine, rel_error = agreement(np.array([1.0, 0.0], np.float32), np.array([1.0, 1.0], np.float32))
+    assert cosine == pytest.approx(2**-0.5) and rel_error == 1.0
+    assert agreement(np.array([2.0, -4.0]), np.array([2.0, -4.0])) == (pytest.approx(1.0), 0.0)
+
+
+@needs_toolkit
+def test_convert_shows_progress_and_resumes(run_cli, onnx_dir, tmp_path):
+    out = tmp_path / "rknn"
+    result = run_cli("convert-rknn", "--subgraphs", onnx_dir, "--out", out)
+    assert result.code == 0, result.err
+    assert "converted 6 subgraphs for rk3588" in result.out
+    assert "rknn convert" in result.err and "6/6" in result.err  # the progress bar, on stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert sorted(r["rknn_file"] for r in manifest["rknn"]["subgraphs"]) == sorted(p.name for p in out.glob("*.rknn"))
+    before = {p.name: p.stat().st_mtime_ns for p in out.glob("*.rknn")}
+    (out / "b01_mlp.rknn").unlink()
+    assert run_cli("convert-rknn", "--subgraphs", onnx_dir, "--out", out).code == 0
+    after = {p.name: p.stat().st_mtime_ns for p in out.glob("*.rknn")}
+    assert [name for name in after if after[name] != before.get(name)] == ["b01_mlp.rknn"]
+
+
+@needs_toolkit
+def test_verify_reports_every_subgraph_close_to_fp32_torch(run_cli, model_dir, converted):
+    result = run_cli("verify-rknn", "--model", model_dir, "--subgraphs", converted, "--runtime", "simulator", "--json")
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    assert [r["file"] for r in report["subgraphs"]] == [
+        "b00_self_attn.rknn", "b00_cross_attn.rknn", "b00_mlp.rknn",
+        "b01_self_attn.rknn", "b01_cross_attn.rknn", "b01_mlp.rknn"]
+    assert report["flagged"] == [] and report["min_cosine"] == 0.999
+    for r in report["subgraphs"]:
+        # fp16 bodies: a few unit roundoffs (2**-11) of the output scale; see test_rknn_backend.py
+        assert r["cosine"] > 0.9999 and 0 < r["max_rel_error"] < 4e-3
+    assert result.err.endswith("all 6 subgraphs at cosine >= 0.999\n")
+
+
+@needs_toolkit
+def test_verify_flags_swapped_subgraphs_and_exits_1(run_cli, model_dir, onnx_dir, converted, tmp_path):
+    # The simulator builds each context from the ONNX source: swap the two MLPs there (hashes made to match),
+    # as a converter that mixed up files would. Each then runs the other block's weights.
+    source, rknn = tmp_path / "onnx", tmp_path / "rknn"
+    shutil.copytree(onnx_dir, source)
+    shutil.copytree(converted, rknn)
+    (source / "b00_mlp.onnx").write_bytes((onnx_dir / "b01_mlp.onnx").read_bytes())
+    (source / "b01_mlp.onnx").write_bytes((onnx_dir / "b00_mlp.onnx").read_bytes())
+    manifest = json.loads((rknn / "manifest.json").read_text())
+    manifest["rknn"]["source_dir"] = str(source)
+    for entry in manifest["subgraphs"]:
+        entry["sha256"] = sha256_file(source / entry["file"])
+    (rknn / "manifest.json").write_text(json.dumps(manifest))
+    result = run_cli("verify-rknn", "--model", model_dir, "--subgraphs", rknn, "--runtime", "simulator")
+    assert result.code == 1
+    rows = result.out.splitlines()[1:]
+    assert len(rows) == 6 and [row.split()[1] for row in rows if row.endswith("BELOW 0.999")] == [
+        "b00_mlp.rknn", "b01_mlp.rknn"]
+    assert result.err == "error: 2 of 6 subgraphs below cosine 0.999: b00_mlp.rknn, b01_mlp.rknn\n"
+
+
+@needs_toolkit
+def test_generate_on_the_simulator_computes_the_same_steps_as_torch(run_cli, model_dir, converted, tmp_path):
+    reports, images = {}, {}
+    for backend in ("torch", "rknn"):
+        out = tmp_path / f"{backend}.png"
+        result = run_cli("generate", "--model", model_dir, "-p", "a red circle", *SIZE, "--cache", "spectrum",
+                         "--backend", backend, "--subgraphs", converted, "--rknn-runtime", "simulator",
+                         "--rknn-budget", "2GiB", "-o", out, "--json")
+        assert result.code == 0, result.err
+        reports[backend] = json.loads(result.out)
+        images[backend] = np.asarray(Image.open(out), dtype=np.float64)
+    torch_run, rknn_run = reports["torch"], reports["rknn"]
+    assert rknn_run["finite"] is True and rknn_run["backend"] == "rknn"
+    assert rknn_run["computed_steps"] == torch_run["computed_steps"] == [1, 2, 3, 4, 6, 8, 11, 14, 18, 19, 20]
+    assert rknn_run["skipped_steps"] == torch_run["skipped_steps"] and rknn_run["recomputed_steps"] == []
+    assert rknn_run["transformer_passes"] == torch_run["transformer_passes"] == 22
+    # fp16 bodies move the 8-bit image by at most a few levels on the tiny model
+    print("max pixel difference", np.abs(images["rknn"] - images["torch"]).max())
+    assert np.abs(images["rknn"] - images["torch"]).max() <= 8
+
+
+@needs_toolkit
+def test_generate_refuses_a_set_for_another_resolution(run_cli, model_dir, converted, tmp_path):
+    result = run_cli("generate", "--model", model_dir, "-p", "cat", "--width", "128", "--height", "128",
+                     "--steps", "2", "--backend", "rknn", "--subgraphs", converted, "--rknn-runtime", "simulator",
+                     "-o", tmp_path / "x.png")
+    assert result.code == 1 and "converted for 64x64, asked for 128x128" in result.err
