@@ -46,7 +46,7 @@ class ModelFiles:
         return self
 
 
-def _single_safetensors(folder: Path, what: str) -> Path:
+def single_safetensors(folder: Path, what: str) -> Path:
     if not folder.is_dir():
         raise AnimaError(f"model directory has no {what} folder: {folder}")
     found = sorted(folder.glob("*.safetensors"))
@@ -61,9 +61,9 @@ def from_model_dir(root: str | os.PathLike) -> ModelFiles:
     if not root.is_dir():
         raise AnimaError(f"model directory not found: {root}")
     return ModelFiles(
-        dit=_single_safetensors(root / LAYOUT["dit"], "diffusion model"),
-        text_encoder=_single_safetensors(root / LAYOUT["text_encoder"], "text encoder"),
-        vae=_single_safetensors(root / LAYOUT["vae"], "VAE"),
+        dit=single_safetensors(root / LAYOUT["dit"], "diffusion model"),
+        text_encoder=single_safetensors(root / LAYOUT["text_encoder"], "text encoder"),
+        vae=single_safetensors(root / LAYOUT["vae"], "VAE"),
         qwen_tokenizer=root / LAYOUT["qwen_tokenizer"],
         t5_tokenizer=root / LAYOUT["t5_tokenizer"],
     ).check()

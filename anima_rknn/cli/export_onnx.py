@@ -8,7 +8,7 @@ import click
 
 from ..errors import AnimaError
 from ..export.onnx import export_subgraphs
-from ..model_set import LAYOUT, _single_safetensors
+from ..model_set import LAYOUT, single_safetensors
 from . import cli
 
 EXPORT_DTYPES = {"fp32": "float32", "fp16": "float16"}
@@ -17,7 +17,7 @@ EXPORT_DTYPES = {"fp32": "float32", "fp16": "float16"}
 def dit_file(model_dir: Path | None, dit: Path | None) -> Path:
     if (model_dir is None) == (dit is None):
         raise AnimaError("pass exactly one of --model DIR or --dit FILE")
-    return dit if dit is not None else _single_safetensors(model_dir / LAYOUT["dit"], "diffusion model")
+    return dit if dit is not None else single_safetensors(model_dir / LAYOUT["dit"], "diffusion model")
 
 
 @cli.command("export-onnx")
