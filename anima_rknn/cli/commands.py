@@ -1,3 +1,3 @@
 """Importing a command module registers its command on the `anima-rknn` group."""
 
-from . import export_onnx, generate, make_tiny, rknn  # noqa: F401
+from . import bench, export_onnx, generate, make_tiny, rknn  # noqa: F401

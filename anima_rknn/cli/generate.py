@@ -15,7 +15,7 @@ from ..model_set import resolve
 from ..pipeline import AnimaPipeline, GenerationParams, GenerationResult, png_parameters
 from ..sampling.caches import CACHE_NAMES, parse_cache_options
 from . import cli
-from .options import model_options, rknn_options, rknn_settings, sampling_options
+from .options import model_options, rknn_options, rknn_settings, sampling_options, vae_options, vae_tile
 
 SPECTRUM_TYPES = {"w": float, "m": int, "lam": float, "window": int, "flex": float, "warmup": int, "stop": float}
 
@@ -81,9 +81,7 @@ def spectrum_option(key: str):
 @spectrum_option("flex")
 @spectrum_option("warmup")
 @spectrum_option("stop")
-@click.option("--vae-tiling", is_flag=True, help="Decode in overlapping tiles (less memory).")
-@click.option("--vae-tile-size", type=int, default=512, show_default=True, help="Tile size in pixels.")
-@click.option("--vae-tile-overlap", type=int, default=64, show_default=True, help="Tile overlap in pixels.")
+@vae_options
 @click.option("--out", "-o", default="out.png", show_default=True, type=click.Path(dir_okay=False))
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results on stdout.")
@@ -98,7 +96,7 @@ def generate(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt
         cache_options=cache_options(cache_option, {k.removeprefix("spectrum_"): v for k, v in spectrum.items()}),
         backend=backend, subgraphs=Path(subgraphs) if subgraphs else None,
         rknn=rknn_settings(rknn_runtime, rknn_budget, rknn_core_mask),
-        vae_tile=vae_tile_size if vae_tiling else None, vae_overlap=vae_tile_overlap,
+        vae_tile=vae_tile(vae_tiling, vae_tile_size), vae_overlap=vae_tile_overlap,
     )
     params.validate()
     check_output(out_path, overwrite)

@@ -66,3 +66,18 @@ def rknn_options(f: F) -> F:
 def rknn_settings(rknn_runtime: str, rknn_budget: str | None, rknn_core_mask: str) -> RknnOptions:
     budget = None if rknn_budget is None else parse_size(rknn_budget)
     return RknnOptions(runtime=rknn_runtime, budget_bytes=budget, core_mask=rknn_core_mask)
+
+
+def vae_options(f: F) -> F:
+    """--vae-tiling / --vae-tile-size / --vae-tile-overlap; GenerationParams takes vae_tile(...)."""
+    for option in reversed([
+        click.option("--vae-tiling", is_flag=True, help="Decode in overlapping tiles (less memory)."),
+        click.option("--vae-tile-size", type=int, default=512, show_default=True, help="Tile size in pixels."),
+        click.option("--vae-tile-overlap", type=int, default=64, show_default=True, help="Tile overlap in pixels."),
+    ]):
+        f = option(f)
+    return f
+
+
+def vae_tile(vae_tiling: bool, vae_tile_size: int) -> int | None:
+    return vae_tile_size if vae_tiling else None

@@ -1,0 +1,294 @@
+"""The bench's findings as report.json (every number) and report.md (the on-device report's table layout:
+baseline | cached | difference and speedup), with the verdict on whether caching is safe for the setting."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..files import atomic_path
+from . import DEFAULT_MIN_PSNR, metrics
+from .run import BASELINE, BenchResult, PolicyRuns, SeedResult
+
+MB = 1024 * 1024
+
+
+@dataclass
+class Thresholds:
+    min_psnr: float = DEFAULT_MIN_PSNR
+    min_ssim: float | None = None  # None: not checked
+
+
+def image_file(side: str, seed: int) -> str:
+    return f"{side}_seed{seed}.png"
+
+
+def comparison_file(cache: str, seed: int) -> str:
+    return f"compare_{cache}_seed{seed}.png"
+
+
+def steps_plot_file(seed: int) -> str:
+    return f"steps_seed{seed}.png"
+
+
+def _stats(values: Sequence[float]) -> dict[str, Any]:
+    return {"min": min(values), "median": statistics.median(values), "all": list(values)}
+
+
+def _side(policy: PolicyRuns, label: str) -> dict[str, Any]:
+    first = policy.first
+    sample = first.denoised.sample
+    peaks = [run.peak_rss_bytes for run in policy.runs if run.peak_rss_bytes is not None]
+    per_step = zip(*(run.denoised.sample.step_times for run in policy.runs))
+    return {
+        "cache": policy.params.cache,
+        "cache_options": policy.params.cache_options,
+        "image": image_file(label, policy.params.seed) if first.image is not None else None,
+        "timings_s": {
+            "denoise": _stats([run.denoised.denoise_s for run in policy.runs]),
+            "decode": _stats([run.decode_s for run in policy.runs]),
+            "total_excl_encode": _stats([run.total_s for run in policy.runs]),
+        },
+        "step_times_s": [statistics.median(times) for times in per_step],  # median over repeats
+        "computed_steps": sample.computed_steps,
+        "skipped_steps": sample.skipped_steps,
+        "recomputed_steps": sample.recomputed_steps,
+        "transformer_passes": first.denoised.transformer_passes,
+        "subgraph_runs": first.denoised.subgraph_runs,
+        "finite": sample.finite,
+        "peak_rss_mb": max(peaks) / MB if peaks else None,  # the highest over repeats
+    }
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator > 0 else math.inf
+
+
+def _comparison(baseline: PolicyRuns, cached: PolicyRuns, side: dict[str, Any],
+                base: dict[str, Any]) -> dict[str, Any]:
+    speedup = {name: {stat: _ratio(base["timings_s"][key][stat], side["timings_s"][key][stat])
+                      for stat in ("min", "median")}
+               for name, key in (("denoise", "denoise"), ("end_to_end", "total_excl_encode"))}
+    ideal = _ratio(len(base["computed_steps"]), len(side["computed_steps"]))
+    result: dict[str, Any] = {
+        "speedup": speedup,
+        "ideal_speedup": ideal,  # steps / computed steps
+        "measured_over_ideal": speedup["denoise"]["median"] / ideal,
+        "psnr_db": None, "ssim": None, "latent_error": None, "x0_distance": None,
+    }
+    b, c = baseline.first, cached.first
+    if b.image is not None and c.image is not None:
+        result["psnr_db"], result["ssim"] = metrics.psnr(b.image, c.image), metrics.ssim(b.image, c.image)
+    if b.denoised.sample.finite and c.denoised.sample.finite:
+        error = metrics.latent_error(b.denoised.sample.latent, c.denoised.sample.latent)
+        result["latent_error"] = {"relative_l2": error.relative_l2, "max_abs": error.max_abs, "rmse": error.rmse}
+        result["x0_distance"] = metrics.x0_distances(b.denoised.sample.x0_history, c.denoised.sample.x0_history)
+    return result
+
+
+def _failures(base: dict[str, Any], side: dict[str, Any], comparison: dict[str, Any],
+              thresholds: Thresholds) -> list[str]:
+    if not base["finite"]:
+        return ["the baseline latent is not finite, nothing to compare with"]
+    if not side["finite"]:
+        return ["the cached latent is not finite"]
+    failures = []
+    if comparison["psnr_db"] < thresholds.min_psnr:
+        failures.append(f"PSNR {comparison['psnr_db']:.2f} dB < {thresholds.min_psnr:g} dB")
+    if thresholds.min_ssim is not None and comparison["ssim"] < thresholds.min_ssim:
+        failures.append(f"SSIM {comparison['ssim']:.4f} < {thresholds.min_ssim:g}")
+    return failures
+
+
+def _seed_entry(seed_result: SeedResult, thresholds: Thresholds) -> dict[str, Any]:
+    base = _side(seed_result.baseline, BASELINE)
+    cached = {}
+    for name, policy in seed_result.cached.items():
+        side = _side(policy, name)
+        side["vs_baseline"] = _comparison(seed_result.baseline, policy, side, base)
+        side["failures"] = _failures(base, side, side["vs_baseline"], thresholds)
+        cached[name] = side
+    seed = seed_result.seed
+    return {"seed": seed, "baseline": base, "cached": cached, "steps_plot": steps_plot_file(seed),
+            "comparisons": {name: comparison_file(name, seed)
+                            for name, side in cached.items() if side["vs_baseline"]["psnr_db"] is not None}}
+
+
+def _aggregate(seeds: list[dict[str, Any]], cache: str) -> dict[str, Any]:
+    sides = [entry["cached"][cache] for entry in seeds]
+    comparisons = [side["vs_baseline"] for side in sides]
+
+    def spread(key: str) -> dict[str, float] | None:
+        values = [c[key] for c in comparisons if c[key] is not None]
+        return {"min": min(values), "mean": statistics.fmean(values)} if values else None
+
+    return {
+        "seeds_passed": sum(not side["failures"] for side in sides), "seeds": len(sides),
+        "psnr_db": spread("psnr_db"), "ssim": spread("ssim"),
+        "denoise_speedup_median": statistics.median(c["speedup"]["denoise"]["median"] for c in comparisons),
+        "end_to_end_speedup_median": statistics.median(c["speedup"]["end_to_end"]["median"] for c in comparisons),
+        "ideal_speedup_median": statistics.median(c["ideal_speedup"] for c in comparisons),
+    }
+
+
+def _verdict(seeds: list[dict[str, Any]], caches: list[str], thresholds: Thresholds) -> dict[str, Any]:
+    policies, parts = {}, []
+    for cache in caches:
+        failures = [f"seed {entry['seed']}: {failure}"
+                    for entry in seeds for failure in entry["cached"][cache]["failures"]]
+        policies[cache] = {"passed": not failures, "failures": failures}
+        if failures:
+            parts.append(f"{cache} is not safe here ({'; '.join(failures)})")
+        else:
+            worst = min(entry["cached"][cache]["vs_baseline"]["psnr_db"] for entry in seeds)
+            parts.append(f"{cache} is safe here (worst PSNR {_db(worst)} >= {thresholds.min_psnr:g} dB"
+                         f"{'' if thresholds.min_ssim is None else f', SSIM >= {thresholds.min_ssim:g}'}, "
+                         f"all finite, {len(seeds)} seed{'s' if len(seeds) > 1 else ''})")
+    passed = all(p["passed"] for p in policies.values())
+    return {"passed": passed, "policies": policies, "line": f"{'PASS' if passed else 'FAIL'}: " + "; ".join(parts)}
+
+
+def build_report(result: BenchResult, model_name: str, thresholds: Thresholds | None = None) -> dict[str, Any]:
+    """Every number of the bench as plain data; json.dumps-able once through to_json()."""
+    thresholds = thresholds or Thresholds()
+    params = result.seeds[0].baseline.params
+    caches = list(result.seeds[0].cached)
+    seeds = [_seed_entry(seed_result, thresholds) for seed_result in result.seeds]
+    return {
+        "settings": {
+            "model": model_name, "prompt": params.prompt, "negative": params.negative,
+            "width": params.width, "height": params.height, "steps": params.steps, "cfg": params.cfg,
+            "shift": params.shift, "dtype": params.dtype, "backend": params.backend,
+            "vae_tile": params.vae_tile, "seeds": [entry["seed"] for entry in seeds], "repeats": result.repeats,
+            "caches": {name: seeds[0]["cached"][name]["cache_options"] for name in caches},
+        },
+        "encode": {"encode_s": result.conditioning.encode_s,
+                   "peak_rss_mb": None if result.encode_peak_rss_bytes is None else result.encode_peak_rss_bytes / MB},
+        "thresholds": {"min_psnr": thresholds.min_psnr, "min_ssim": thresholds.min_ssim},
+        "seeds": seeds,
+        "aggregate": {cache: _aggregate(seeds, cache) for cache in caches},
+        "verdict": _verdict(seeds, caches, thresholds),
+    }
+
+
+def _plain(value: Any) -> Any:
+    """Strict JSON has no Infinity/NaN: identical images (PSNR inf) are written as the string "inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def to_json(report: dict[str, Any]) -> str:
+    return json.dumps(_plain(report), indent=2, allow_nan=False)
+
+
+def _db(value: float) -> str:
+    return "inf dB (identical)" if math.isinf(value) else f"{value:.2f} dB"
+
+
+def _seconds(stats: dict[str, Any], repeats: int) -> str:
+    return f"{stats['median']:.2f} s" if repeats == 1 else f"{stats['median']:.2f} s (min {stats['min']:.2f})"
+
+
+def _speed(speedup: dict[str, float], repeats: int) -> str:
+    return f"{speedup['median']:.2f}x" + ("" if repeats == 1 else f" (min/min {speedup['min']:.2f}x)")
+
+
+def _mb(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f} MB"
+
+
+def _largest_step(distances: list[float] | None) -> str:
+    if not distances:
+        return "n/a"
+    largest = max(distances)
+    return f"{largest:.4f} (step {1 + distances.index(largest)})"
+
+
+def _seed_table(entry: dict[str, Any], steps: int, repeats: int) -> list[str]:
+    base, cached = entry["baseline"], entry["cached"]
+    header = "| | baseline | " + " | ".join(f"{name} | {name} vs baseline" for name in cached) + " |"
+    lines = [header, "|---|---|" + "---|---|" * len(cached)]
+
+    def row(title: str, base_cell: str, cells: list[tuple[str, str]]) -> None:
+        lines.append(f"| {title} | {base_cell} | " + " | ".join(f"{a} | {b}" for a, b in cells) + " |")
+
+    def diff(key: str) -> list[tuple[str, str]]:
+        return [(str(side[key]), f"{side[key] - base[key]:+d}") for side in cached.values()]
+
+    comparisons = [side["vs_baseline"] for side in cached.values()]
+    row("computed steps", f"{len(base['computed_steps'])}/{steps}",
+        [(f"{len(side['computed_steps'])}/{steps}", f"ideal {c['ideal_speedup']:.2f}x")
+         for side, c in zip(cached.values(), comparisons)])
+    row("transformer passes", str(base["transformer_passes"]), diff("transformer_passes"))
+    row("subgraph runs", str(base["subgraph_runs"]), diff("subgraph_runs"))
+    timings = base["timings_s"]
+    row("denoise", _seconds(timings["denoise"], repeats),
+        [(_seconds(side["timings_s"]["denoise"], repeats),
+          f"{_speed(c['speedup']['denoise'], repeats)}, {c['measured_over_ideal']:.0%} of ideal")
+         for side, c in zip(cached.values(), comparisons)])
+    row("decode", _seconds(timings["decode"], repeats),
+        [(_seconds(side["timings_s"]["decode"], repeats), "") for side in cached.values()])
+    row("total excl. encoding", _seconds(timings["total_excl_encode"], repeats),
+        [(_seconds(side["timings_s"]["total_excl_encode"], repeats), _speed(c["speedup"]["end_to_end"], repeats))
+         for side, c in zip(cached.values(), comparisons)])
+    row("peak RSS", _mb(base["peak_rss_mb"]),
+        [(_mb(side["peak_rss_mb"]), "n/a" if None in (side["peak_rss_mb"], base["peak_rss_mb"])
+          else f"{side['peak_rss_mb'] - base['peak_rss_mb']:+.0f} MB") for side in cached.values()])
+    row("finite", "yes" if base["finite"] else "NO",
+        [("yes" if side["finite"] else "NO",
+          f"recomputed {side['recomputed_steps']}" if side["recomputed_steps"] else "") for side in cached.values()])
+    row("PSNR / SSIM", "", [("", "n/a" if c["psnr_db"] is None else f"{_db(c['psnr_db'])} / {c['ssim']:.4f}")
+                            for c in comparisons])
+    row("final latent error", "", [("", "n/a" if c["latent_error"] is None else
+                                    f"rel. L2 {c['latent_error']['relative_l2']:.4f}, "
+                                    f"max abs {c['latent_error']['max_abs']:.4f}") for c in comparisons])
+    row("max x0 distance", "", [("", _largest_step(c["x0_distance"])) for c in comparisons])
+    return lines
+
+
+def _aggregate_table(aggregate: dict[str, Any]) -> list[str]:
+    lines = ["| policy | seeds passed | PSNR min / mean | SSIM min / mean | denoise speedup | "
+             "end-to-end speedup | ideal |", "|---|---|---|---|---|---|---|"]
+    for cache, agg in aggregate.items():
+        psnr = "n/a" if agg["psnr_db"] is None else f"{_db(agg['psnr_db']['min'])} / {_db(agg['psnr_db']['mean'])}"
+        ssim = "n/a" if agg["ssim"] is None else f"{agg['ssim']['min']:.4f} / {agg['ssim']['mean']:.4f}"
+        lines.append(f"| {cache} | {agg['seeds_passed']}/{agg['seeds']} | {psnr} | {ssim} | "
+                     f"{agg['denoise_speedup_median']:.2f}x | {agg['end_to_end_speedup_median']:.2f}x | "
+                     f"{agg['ideal_speedup_median']:.2f}x |")
+    return lines
+
+
+def markdown(report: dict[str, Any]) -> str:
+    s = report["settings"]
+    repeats = s["repeats"]
+    lines = ["# anima-rknn bench: cached vs baseline", "",
+             f"Prompt: {s['prompt']!r}; {s['width']}x{s['height']}, {s['steps']} steps, CFG {s['cfg']:g}, "
+             f"shift {s['shift']:g}, {s['dtype']}, {s['backend']} backend, model {s['model']}, "
+             f"VAE {'tiled ' + str(s['vae_tile']) + ' px' if s['vae_tile'] else 'untiled'}.",
+             f"Prompt encoding (shared by all runs, done once): {report['encode']['encode_s']:.2f} s, "
+             f"peak RSS {_mb(report['encode']['peak_rss_mb'])}. Total excl. encoding = denoise + decode."
+             + ("" if repeats == 1 else f" Times: median of {repeats} repeats (min in brackets); "
+                "speedups: median/median (min/min)."),
+             ]
+    for entry in report["seeds"]:
+        lines += ["", f"## Seed {entry['seed']}", ""] + _seed_table(entry, s["steps"], repeats)
+    if len(report["seeds"]) > 1:
+        lines += ["", "## All seeds (speedups: median over seeds)", ""] + _aggregate_table(report["aggregate"])
+    lines += ["", f"**Verdict: {report['verdict']['line']}**", ""]
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], out_dir: Path) -> None:
+    for name, text in (("report.json", to_json(report) + "\n"), ("report.md", markdown(report))):
+        with atomic_path(out_dir / name) as tmp:
+            tmp.write_text(text, encoding="utf-8")

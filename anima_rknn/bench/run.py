@@ -1,0 +1,140 @@
+"""Runs the uncached baseline and each cached policy with identical settings: one prompt encoding shared by
+all runs, the same loaded weights, the same noise per seed, repeats interleaved so drift hits both sides."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from PIL import Image
+
+from ..errors import AnimaError
+from ..pipeline import AnimaPipeline, Conditioning, Denoised, GenerationParams
+from ..sampling.caches import CACHE_NAMES, make_cache
+from ..sampling.euler import StepCallback
+from .metrics import peak_rss
+
+BASELINE = "baseline"
+# on_run(seed, side, repeat): called before each run; side is "baseline" or a cache name, repeat is 0-based.
+RunCallback = Callable[[int, str, int], None]
+
+
+@dataclass
+class Run:
+    """One denoise + decode: the time of each and the peak RSS over both."""
+
+    denoised: Denoised
+    image: Image.Image | None  # None when the latent is not finite (never decoded)
+    decode_s: float
+    peak_rss_bytes: int | None
+
+    @property
+    def total_s(self) -> float:
+        """End to end excluding the prompt encoding, which every run shares: denoise + decode."""
+        return self.denoised.denoise_s + self.decode_s
+
+
+@dataclass
+class PolicyRuns:
+    """All repeats of one cache policy at one seed; their outputs are identical, their timings are not."""
+
+    params: GenerationParams
+    runs: list[Run]
+
+    @property
+    def first(self) -> Run:
+        return self.runs[0]
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    baseline: PolicyRuns
+    cached: dict[str, PolicyRuns]  # by cache name, in the order asked for
+
+
+@dataclass
+class BenchResult:
+    conditioning: Conditioning
+    encode_peak_rss_bytes: int | None
+    repeats: int
+    seeds: list[SeedResult]
+
+
+def parse_cache_list(text: str) -> list[str]:
+    """"spectrum,spectrum-plus,reuse" -> the names, checked."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise AnimaError("--cache needs at least one cache policy")
+    for name in names:
+        if name not in CACHE_NAMES:
+            raise AnimaError(f"unknown cache {name!r}; choose from {', '.join(CACHE_NAMES)}")
+    if len(set(names)) != len(names):
+        raise AnimaError(f"a cache policy is listed twice in {text!r}")
+    return names
+
+
+def parse_seed_list(text: str) -> list[int]:
+    try:
+        seeds = [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise AnimaError(f"--seeds must be a comma list of integers, got {text!r}") from None
+    if not seeds:
+        raise AnimaError("--seeds needs at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise AnimaError(f"a seed is listed twice in {text!r}")
+    return seeds
+
+
+def policy_params(params: GenerationParams, caches: Sequence[str],
+                  cache_options: dict[str, float | str | bool]) -> dict[str, GenerationParams]:
+    """Each cached policy's settings, checked before any work is done (the baseline's is `params` with
+    cache none and no options)."""
+    params.validate()
+    for name in caches:
+        make_cache(name, params.steps, cache_options)  # raises on options the policy doesn't take
+    return {name: dataclasses.replace(params, cache=name, cache_options=dict(cache_options)) for name in caches}
+
+
+def _run(pipeline: AnimaPipeline, conditioning: Conditioning, params: GenerationParams,
+         on_step: StepCallback | None) -> Run:
+    with peak_rss() as peak:
+        denoised = pipeline.denoise(conditioning, params, keep_x0=True, on_step=on_step)
+        image, decode_s = None, 0.0
+        if denoised.sample.finite:
+            image, decode_s = pipeline.decode(denoised.sample.latent, params.vae_tile, params.vae_overlap)
+    return Run(denoised, image, decode_s, peak.bytes)
+
+
+def run_bench(pipeline: AnimaPipeline, params: GenerationParams, caches: Sequence[str],
+              cache_options: dict[str, float | str | bool] | None = None, seeds: Sequence[int] | None = None,
+              repeats: int = 1, *, on_run: RunCallback | None = None,
+              on_step: StepCallback | None = None) -> BenchResult:
+    """Baseline (cache none) vs each of `caches` at every seed (default: params.seed), `repeats` times each.
+
+    `params.cache` is ignored. Build the pipeline with keep_dit=True so the DiT is loaded once for all runs.
+    """
+    if repeats < 1:
+        raise AnimaError(f"--repeat must be at least 1, got {repeats}")
+    baseline = dataclasses.replace(params, cache="none", cache_options={})
+    cached = policy_params(params, caches, cache_options or {})
+    seeds = list(seeds) if seeds else [params.seed]
+    with peak_rss() as encode_peak:
+        conditioning = pipeline.encode(params.prompt, params.negative, params.dtype)
+    # Untimed: torch's first-call costs (allocator, kernel choice) would otherwise land on the baseline alone.
+    pipeline.denoise(conditioning, dataclasses.replace(baseline, steps=1))
+
+    results = []
+    for seed in seeds:
+        # "baseline" is no cache name, so a cached "none" stays a second, separate run of the same thing.
+        sides = {BASELINE: baseline, **cached}
+        runs: dict[str, list[Run]] = {label: [] for label in sides}
+        for repeat in range(repeats):
+            for label, side in sides.items():
+                if on_run is not None:
+                    on_run(seed, label, repeat)
+                runs[label].append(_run(pipeline, conditioning, dataclasses.replace(side, seed=seed), on_step))
+        per_side = {label: PolicyRuns(dataclasses.replace(sides[label], seed=seed), runs[label]) for label in sides}
+        results.append(SeedResult(seed, per_side.pop(BASELINE), per_side))
+    return BenchResult(conditioning, encode_peak.bytes, repeats, results)

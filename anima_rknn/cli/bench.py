@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import click
+from tqdm import tqdm
+
+from ..bench import DEFAULT_MIN_PSNR
+from ..errors import AnimaError
+from ..model_set import resolve
+from ..pipeline import AnimaPipeline, GenerationParams, GenerationResult
+from . import cli
+from .generate import cache_options, save_png
+from .options import model_options, rknn_options, rknn_settings, sampling_options, vae_options, vae_tile
+
+if TYPE_CHECKING:
+    from ..bench.run import BenchResult
+
+VERDICT_FAILED_EXIT = 3  # 1 is a user error, 2 a usage error
+
+
+def bench_modules() -> tuple[ModuleType, ModuleType, ModuleType]:
+    """(run, report, figures): they need the optional `bench` extra, so every other command works without it."""
+    try:
+        from ..bench import figures, report, run
+    except ModuleNotFoundError as e:
+        raise AnimaError(f"bench needs {e.name}: pip install 'anima-rknn[bench]'") from None
+    return run, report, figures
+
+
+def check_out_dir(out: Path, overwrite: bool) -> None:
+    """Fail before any work is done, not after minutes of denoising."""
+    if out.exists() and not out.is_dir():
+        raise AnimaError(f"--out {out} is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise AnimaError(f"--out folder {out} is not empty; pass --overwrite to write into it anyway")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise AnimaError(f"cannot create --out folder {out}: {e.strerror}") from None
+
+
+def save_images(result: BenchResult, out: Path, model_name: str) -> None:
+    """Every decoded image with the `parameters` chunk generate writes, so each can be reproduced alone."""
+    run_module, report_module, _ = bench_modules()
+    for seed_result in result.seeds:
+        for label, policy in {run_module.BASELINE: seed_result.baseline, **seed_result.cached}.items():
+            run = policy.first
+            if run.image is not None:
+                generation = GenerationResult(run.image, run.denoised.sample.latent, policy.params,
+                                              result.conditioning, run.denoised, run.decode_s)
+                save_png(generation, out / report_module.image_file(label, seed_result.seed), model_name)
+
+
+@cli.command("bench")
+@model_options
+@sampling_options
+@rknn_options
+@click.option("--cache", "caches", default="spectrum", show_default=True,
+              help="Cache policy, or a comma list (spectrum,spectrum-plus,reuse) each run against one shared "
+                   "baseline; none gives a second uncached run.")
+@click.option("--cache-option", "cache_option", default=None,
+              help='Options for every cached policy, e.g. "w=0.4,m=3,lam=1.0,window=2,flex=0.5,warmup=4,stop=0.9".')
+@click.option("--seeds", default=None, help="Comma list of seeds (one table per seed plus aggregates); "
+                                            "overrides --seed.")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Runs per side and seed; times are reported as min and median.")
+@click.option("--min-psnr", type=float, default=DEFAULT_MIN_PSNR, show_default=True,
+              help="Verdict threshold: lowest acceptable PSNR (dB) of a cached image against the baseline.")
+@click.option("--min-ssim", type=float, default=None, help="Verdict threshold on SSIM too (not checked by default).")
+@click.option("--fail-on-verdict", is_flag=True,
+              help=f"Exit with code {VERDICT_FAILED_EXIT} when the verdict fails (for scripts).")
+@vae_options
+@click.option("--out", "-o", required=True, type=click.Path(file_okay=False),
+              help="Folder for report.json, report.md, the images and plots.")
+@click.option("--overwrite", is_flag=True, help="Write into a non-empty --out folder.")
+@click.option("--json", "as_json", is_flag=True, help="Print report.json on stdout too.")
+def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, negative, width, height, steps,
+          cfg, seed, shift, dtype, backend, subgraphs, rknn_runtime, rknn_budget, rknn_core_mask, caches,
+          cache_option, seeds, repeat, min_psnr, min_ssim, fail_on_verdict, vae_tiling, vae_tile_size, vae_tile_overlap, out, overwrite, as_json) -> None:
+    """Cached vs uncached baseline with the same weights, seed and noise: speed, work and image fidelity."""
+    run_module, report_module, figures = bench_modules()
+    cache_names = run_module.parse_cache_list(caches)
+    seed_list = run_module.parse_seed_list(seeds) if seeds else [seed]
+    options = cache_options(cache_option, {})
+    params = GenerationParams(prompt=prompt, negative=negative, width=width, height=height, steps=steps, cfg=cfg,
+                              seed=seed_list[0], shift=shift, dtype=dtype, backend=backend,
+                              subgraphs=Path(subgraphs) if subgraphs else None,
+                              rknn=rknn_settings(rknn_runtime, rknn_budget, rknn_core_mask),
+                              vae_tile=vae_tile(vae_tiling, vae_tile_size), vae_overlap=vae_tile_overlap)
+    run_module.policy_params(params, cache_names, options)  # bad options fail here, before the folder is made
+    out_dir = Path(out)
+    check_out_dir(out_dir, overwrite)
+    files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
+                    t5_tokenizer=t5_tokenizer)
+    pipeline = AnimaPipeline(files, keep_dit=True)
+
+    total_steps = len(seed_list) * repeat * (1 + len(cache_names)) * steps
+    with tqdm(total=total_steps, desc="bench", unit="step", file=sys.stderr, dynamic_ncols=True) as bar:
+        def on_run(run_seed: int, side: str, index: int) -> None:
+            bar.set_description(f"seed {run_seed} {side} {index + 1}/{repeat}")
+
+        def on_step(step: int, total: int, skipped: bool) -> None:
+            bar.set_postfix_str("forecast" if skipped else "model")
+            bar.update(1)
+
+        result = run_module.run_bench(pipeline, params, cache_names, options, seed_list, repeat,
+                                      on_run=on_run, on_step=on_step)
+
+    report = report_module.build_report(result, files.dit.name, report_module.Thresholds(min_psnr, min_ssim))
+    save_images(result, out_dir, files.dit.name)
+    figures.write_figures(result, report, out_dir)
+    report_module.write_report(report, out_dir)
+    if as_json:
+        click.echo(report_module.to_json(report))
+    echo = (lambda s: click.echo(s, err=True)) if as_json else click.echo
+    for name, agg in report["aggregate"].items():
+        echo(f"{name}: denoise {agg['denoise_speedup_median']:.2f}x (ideal {agg['ideal_speedup_median']:.2f}x), "
+             f"end to end {agg['end_to_end_speedup_median']:.2f}x"
+             + ("" if agg["psnr_db"] is None else f", PSNR min {agg['psnr_db']['min']:.2f} dB"))
+    echo(f"wrote {out_dir / 'report.md'} and report.json, images and plots")
+    echo(report["verdict"]["line"])
+    if fail_on_verdict and not report["verdict"]["passed"]:
+        sys.exit(VERDICT_FAILED_EXIT)

@@ -1,0 +1,93 @@
+"""run_bench on the tiny model: shared encoding and noise, the spec's step counts, repeats and seeds."""
+
+import numpy as np
+import pytest
+import torch
+
+from anima_rknn.bench.run import parse_cache_list, parse_seed_list, run_bench
+from anima_rknn.errors import AnimaError
+from anima_rknn.pipeline import AnimaPipeline, GenerationParams
+
+PARAMS = GenerationParams(prompt="a red circle", width=32, height=32, steps=20, seed=5)
+
+
+@pytest.fixture(scope="module")
+def pipeline(tiny_set):
+    return AnimaPipeline(tiny_set, keep_dit=True)
+
+
+@pytest.fixture(scope="module")
+def result(pipeline):
+    torch.manual_seed(0)
+    return run_bench(pipeline, PARAMS, ["spectrum", "none"])
+
+
+def test_defaults_at_20_steps_are_40_vs_22_passes(result):
+    (seed_result,) = result.seeds
+    baseline, spectrum = seed_result.baseline.first, seed_result.cached["spectrum"].first
+    assert baseline.denoised.transformer_passes == 40 and spectrum.denoised.transformer_passes == 22
+    # The spec's test vector for 20 steps with the defaults.
+    assert spectrum.denoised.sample.computed_steps == [1, 2, 3, 4, 6, 8, 11, 14, 18, 19, 20]
+    assert spectrum.denoised.sample.skipped_steps == [5, 7, 9, 10, 12, 13, 15, 16, 17]
+    # Every pass runs the same subgraphs, so subgraph runs scale with passes.
+    assert baseline.denoised.subgraph_runs * 22 == spectrum.denoised.subgraph_runs * 40
+    assert baseline.image.size == spectrum.image.size == (32, 32)
+
+
+def test_both_sides_share_noise_and_conditioning(result):
+    seed_result = result.seeds[0]
+    base = seed_result.baseline.first.denoised.sample
+    spectrum = seed_result.cached["spectrum"].first.denoised.sample
+    # Steps 1-4 are computed on both sides from the same start, so their x0 must agree exactly.
+    for step in range(4):
+        np.testing.assert_array_equal(base.x0_history[step], spectrum.x0_history[step])
+    assert not np.array_equal(base.latent, spectrum.latent)  # forecasts did change the result
+    again = seed_result.cached["none"].first
+    np.testing.assert_array_equal(again.denoised.sample.latent, base.latent)
+    assert np.array_equal(np.asarray(again.image), np.asarray(seed_result.baseline.first.image))
+
+
+def test_baseline_equals_a_plain_generate(pipeline, result):
+    reference = pipeline.generate(PARAMS)
+    np.testing.assert_array_equal(result.seeds[0].baseline.first.denoised.sample.latent, reference.latent)
+    assert result.conditioning.encode_s > 0
+    assert result.seeds[0].baseline.params.cache == "none"
+
+
+def test_repeats_and_seeds(pipeline):
+    params = GenerationParams(prompt="cat", width=32, height=32, steps=2)
+    started = []
+    bench = run_bench(pipeline, params, ["reuse"], seeds=[3, 4], repeats=2,
+                      on_run=lambda seed, side, repeat: started.append((seed, side, repeat)))
+    # Repeats interleave the sides so slow drift hits baseline and cached runs alike.
+    assert started == [(3, "baseline", 0), (3, "reuse", 0), (3, "baseline", 1), (3, "reuse", 1),
+                       (4, "baseline", 0), (4, "reuse", 0), (4, "baseline", 1), (4, "reuse", 1)]
+    latents = []
+    for seed_result, seed in zip(bench.seeds, (3, 4)):
+        assert seed_result.seed == seed and seed_result.baseline.params.seed == seed
+        runs = seed_result.baseline.runs
+        assert len(runs) == 2 and len(seed_result.cached["reuse"].runs) == 2
+        np.testing.assert_array_equal(runs[0].denoised.sample.latent, runs[1].denoised.sample.latent)
+        assert all(run.total_s == pytest.approx(run.denoised.denoise_s + run.decode_s) for run in runs)
+        latents.append(runs[0].denoised.sample.latent)
+    assert not np.array_equal(*latents)
+
+
+def test_bad_settings_fail_before_any_work(pipeline):
+    with pytest.raises(AnimaError, match="does not apply"):
+        run_bench(pipeline, PARAMS, ["spectrum", "reuse"], {"w": 0.5})
+    with pytest.raises(AnimaError, match="at least 1"):
+        run_bench(pipeline, PARAMS, ["spectrum"], repeats=0)
+    with pytest.raises(AnimaError, match="multiples of 16"):
+        run_bench(pipeline, GenerationParams(prompt="x", width=60), ["spectrum"])
+
+
+def test_parse_lists():
+    assert parse_cache_list("spectrum, spectrum-plus,reuse") == ["spectrum", "spectrum-plus", "reuse"]
+    assert parse_seed_list("1,2, 30") == [1, 2, 30]
+    for bad, message in (("spectrum,fast", "unknown cache"), ("reuse,reuse", "twice"), (",", "at least one")):
+        with pytest.raises(AnimaError, match=message):
+            parse_cache_list(bad)
+    for bad, message in (("1,x", "integers"), ("4,4", "twice"), ("", "at least one")):
+        with pytest.raises(AnimaError, match=message):
+            parse_seed_list(bad)

@@ -1,0 +1,58 @@
+"""`anima-rknn bench` as a user runs it: the output folder, strict JSON, the verdict's exit code, one-line errors."""
+
+import json
+
+from PIL import Image
+
+SMALL = ("--width", "32", "--height", "32")
+
+
+def test_none_against_baseline_is_identical_and_passes(run_cli, model_dir, tmp_path):
+    out = tmp_path / "bench"
+    result = run_cli("bench", "--model", model_dir, "-p", "a red circle", *SMALL, "--steps", "3", "--seed", "11",
+                     "--cache", "none", "--out", out, "--json", "--fail-on-verdict")
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    assert report == json.loads((out / "report.json").read_text())
+    comparison = report["seeds"][0]["cached"]["none"]["vs_baseline"]
+    assert comparison["psnr_db"] == "inf" and comparison["latent_error"]["max_abs"] == 0.0
+    assert report["verdict"]["passed"] is True and "PASS: none is safe here" in result.err
+    assert {p.name for p in out.iterdir()} == {"report.json", "report.md", "baseline_seed11.png", "none_seed11.png",
+                                               "compare_none_seed11.png", "steps_seed11.png"}
+    with Image.open(out / "baseline_seed11.png") as image:
+        assert "Seed: 11" in image.text["parameters"] and "Cache: none" in image.text["parameters"]
+    assert "**Verdict: PASS" in (out / "report.md").read_text()
+
+
+def test_failed_verdict_exits_3_only_when_asked(run_cli, model_dir, tmp_path):
+    args = ("bench", "--model", model_dir, "-p", "cat", *SMALL, "--steps", "6", "--cache", "spectrum",
+            "--seeds", "1,2", "--min-psnr", "1000")
+    failing = run_cli(*args, "--out", tmp_path / "a", "--fail-on-verdict")
+    assert failing.code == 3, failing.err
+    assert "FAIL: spectrum is not safe here" in failing.out
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert [entry["seed"] for entry in report["seeds"]] == [1, 2]
+    assert set(report["aggregate"]) == {"spectrum"} and report["aggregate"]["spectrum"]["seeds_passed"] == 0
+    assert "## All seeds" in (tmp_path / "a" / "report.md").read_text()
+    again = ("bench", "--model", model_dir, "-p", "cat", *SMALL, "--steps", "1", "--cache", "none")
+    assert run_cli(*again, "--out", tmp_path / "a").code == 1
+    assert run_cli(*again, "--out", tmp_path / "a", "--overwrite").code == 0
+
+
+def _one_line_error(result, text: str) -> None:
+    assert result.code == 1 and "Traceback" not in result.err
+    assert result.err.startswith("error: ") and text in result.err and result.err.count("\n") == 1
+
+
+def test_errors_before_any_work(run_cli, model_dir, tmp_path):
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("mine")
+    base = ("bench", "--model", model_dir, "-p", "cat", *SMALL)
+    _one_line_error(run_cli(*base, "--out", full), "not empty")
+    assert [p.name for p in full.iterdir()] == ["keep.txt"]
+    _one_line_error(run_cli(*base, "--cache", "spectrum,fastest", "--out", tmp_path / "b"), "unknown cache")
+    _one_line_error(run_cli(*base, "--cache", "reuse", "--cache-option", "w=0.2", "--out", tmp_path / "c"),
+                    "does not apply")
+    _one_line_error(run_cli(*base, "--seeds", "1,one", "--out", tmp_path / "d"), "integers")
+    assert not (tmp_path / "b").exists() and not (tmp_path / "d").exists()
