@@ -16,7 +16,8 @@ from ..engine.memory_plan import parse_size, plan_memory, predict_memory
 from ..engine.split import SplitEngine
 from ..errors import AnimaError
 from ..export.onnx import token_count
-from ..export.rknn import convert_subgraphs, read_converted_manifest, read_manifest
+from ..export.manifest import read_manifest
+from ..export.rknn import convert_subgraphs, read_converted_manifest
 from ..model.config import PRESETS
 from ..model.dit import AnimaDiT
 from ..model.io import load_dit

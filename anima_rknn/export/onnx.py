@@ -9,7 +9,6 @@ Transpose, Slice/Concat (RoPE's half rotation), ReduceMean and element-wise ops,
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import re
@@ -25,12 +24,11 @@ from ..errors import AnimaError
 from ..files import atomic_path, sha256_file
 from ..model.config import DiTConfig
 from ..model.io import load_dit
+from .manifest import MANIFEST, SUBGRAPHS_FORMAT, cached_sha256, check_file, check_set, read_manifest
 
 if TYPE_CHECKING:
     import onnx
 
-SUBGRAPHS_FORMAT = "anima-rknn-subgraphs/1"
-MANIFEST = "manifest.json"
 OPSET = 17
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 # Ops the RKNN converter lacks (rknn.md); the exporter must never emit them.
@@ -44,17 +42,6 @@ def token_count(width: int, height: int) -> int:
     if width <= 0 or height <= 0 or width % 16 or height % 16:
         raise AnimaError(f"width and height must be positive multiples of 16, got {width}x{height}")
     return (width // 16) * (height // 16)
-
-
-@functools.lru_cache(maxsize=256)
-def _sha256_of_version(path: Path, size: int, mtime_ns: int) -> str:
-    return sha256_file(path)
-
-
-def _sha256(path: Path) -> str:
-    """sha256, hashed once per file version per process (a 4 GB DiT takes seconds; the bench loads sets often)."""
-    stat = path.stat()
-    return _sha256_of_version(path.resolve(), stat.st_size, stat.st_mtime_ns)
 
 
 def input_shapes(kind: str, config: DiTConfig, tokens: int) -> dict[str, list[int]]:
@@ -132,7 +119,7 @@ def export_subgraphs(dit_path: Path, width: int, height: int, out_dir: Path, dty
         })
     manifest = {
         "format": SUBGRAPHS_FORMAT,
-        "model": {"file": dit_path.name, "sha256": _sha256(dit_path), "blocks": config.blocks,
+        "model": {"file": dit_path.name, "sha256": cached_sha256(dit_path), "blocks": config.blocks,
                   "hidden": config.hidden, "heads": config.heads, "head_dim": config.head_dim,
                   "context_dim": config.context_dim},
         "width": width, "height": height, "tokens": tokens, "context_tokens": config.context_tokens,
@@ -144,42 +131,14 @@ def export_subgraphs(dit_path: Path, width: int, height: int, out_dir: Path, dty
     return manifest_path
 
 
-def _read_manifest(subgraph_dir: Path) -> dict[str, Any]:
-    path = subgraph_dir / MANIFEST
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AnimaError(f"{subgraph_dir} holds no {MANIFEST}: export a subgraph set with "
-                         "`anima-rknn export-onnx` first") from None
-    except (OSError, ValueError) as e:
-        raise AnimaError(f"cannot read {path}: {e}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != SUBGRAPHS_FORMAT:
-        raise AnimaError(f"{path} is not an {SUBGRAPHS_FORMAT} manifest")
-    return manifest
-
-
 def load_manifest(subgraph_dir: Path, *, dit_path: Path | None, width: int, height: int) -> dict[str, Any]:
     """The set's manifest, after checking it fits: resolution, DiT file (sha256, skipped when dit_path is
     None) and every subgraph file's sha256."""
     subgraph_dir = Path(subgraph_dir)
-    manifest = _read_manifest(subgraph_dir)
-    if (manifest["width"], manifest["height"]) != (width, height):
-        raise AnimaError(f"subgraphs in {subgraph_dir} were exported for {manifest['width']}x{manifest['height']}, "
-                         f"asked for {width}x{height}")
-    if dit_path is not None:
-        if not Path(dit_path).is_file():
-            raise AnimaError(f"DiT file not found: {dit_path}")
-        digest = _sha256(Path(dit_path))
-        if digest != manifest["model"]["sha256"]:
-            raise AnimaError(f"subgraphs in {subgraph_dir} were exported from a different DiT file "
-                             f"({manifest['model']['file']}, sha256 {manifest['model']['sha256'][:12]}...; "
-                             f"{Path(dit_path).name} has sha256 {digest[:12]}...)")
+    manifest = read_manifest(subgraph_dir)
+    check_set(manifest, subgraph_dir, dit_path=dit_path, width=width, height=height)
     if [entry["index"] for entry in manifest["subgraphs"]] != list(range(3 * manifest["model"]["blocks"])):
         raise AnimaError(f"{subgraph_dir / MANIFEST} does not list 3 subgraphs per block in order")
     for entry in manifest["subgraphs"]:
-        path = subgraph_dir / entry["file"]
-        if not path.is_file():
-            raise AnimaError(f"subgraph file {path} is missing")
-        if _sha256(path) != entry["sha256"]:
-            raise AnimaError(f"subgraph file {path} is corrupt (sha256 differs from the manifest): export again")
+        check_file(subgraph_dir / entry["file"], entry["sha256"])
     return manifest

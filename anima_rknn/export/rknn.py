@@ -24,8 +24,8 @@ from tqdm import tqdm
 
 from ..errors import AnimaError
 from ..files import atomic_path, sha256_file
+from .manifest import MANIFEST, check_file, check_set, read_manifest
 
-SUBGRAPHS_FORMAT = "anima-rknn-subgraphs/1"
 PROGRESS_FILE = "convert-progress.json"
 TOOLKIT_MISSING = (
     "rknn-toolkit2 is not installed: run scripts/setup-rknn-env.sh and use .venv-rknn/bin/anima-rknn"
@@ -44,19 +44,6 @@ def toolkit() -> tuple[type, str]:
     return RKNN, metadata.version("rknn-toolkit2")
 
 
-def read_manifest(subgraph_dir: str | os.PathLike) -> dict[str, Any]:
-    path = Path(subgraph_dir) / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AnimaError(f"{path} not found: not an exported subgraph folder") from None
-    except (OSError, ValueError) as e:
-        raise AnimaError(f"cannot read {path}: {e}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != SUBGRAPHS_FORMAT:
-        raise AnimaError(f"{path} is not an {SUBGRAPHS_FORMAT} manifest")
-    return manifest
-
-
 def read_converted_manifest(rknn_dir: str | os.PathLike, *, dit_path: str | os.PathLike | None,
                             width: int, height: int) -> dict[str, Any]:
     """The manifest of a converted set, after checking it was made for this resolution and (given
@@ -65,20 +52,8 @@ def read_converted_manifest(rknn_dir: str | os.PathLike, *, dit_path: str | os.P
     if "rknn" not in manifest:
         raise AnimaError(f"{rknn_dir} holds ONNX subgraphs, not .rknn ones: convert them with "
                          "`anima-rknn convert-rknn` first")
-    if (manifest["width"], manifest["height"]) != (width, height):
-        raise AnimaError(f"subgraphs in {rknn_dir} were converted for {manifest['width']}x{manifest['height']}, "
-                         f"asked for {width}x{height}")
-    if dit_path is not None and sha256_file(dit_path) != manifest["model"]["sha256"]:
-        raise AnimaError(f"subgraphs in {rknn_dir} were exported from a different DiT file than {Path(dit_path).name} "
-                         f"(that was {manifest['model']['file']})")
+    check_set(manifest, rknn_dir, dit_path=dit_path, width=width, height=height)
     return manifest
-
-
-def check_sha256(path: Path, expected: str) -> None:
-    if not path.is_file():
-        raise AnimaError(f"{path} is missing")
-    if sha256_file(path) != expected:
-        raise AnimaError(f"{path} does not match its manifest (sha256 differs): re-export or re-convert it")
 
 
 @contextlib.contextmanager
@@ -206,11 +181,11 @@ def convert_subgraphs(
         raise AnimaError(f"convert into a folder other than {source_dir}: its manifest.json would be replaced")
     source = read_manifest(source_dir)
     for entry in source["subgraphs"]:
-        check_sha256(source_dir / entry["file"], entry["sha256"])
+        check_file(source_dir / entry["file"], entry["sha256"])
     out_dir.mkdir(parents=True, exist_ok=True)
 
     identity = {
-        "source_sha256": sha256_file(source_dir / "manifest.json"),
+        "source_sha256": sha256_file(source_dir / MANIFEST),
         "target": target,
         "toolkit_version": toolkit_version,
     }
@@ -232,6 +207,6 @@ def convert_subgraphs(
         **source,
         "rknn": {**identity, "source_dir": str(source_dir), "subgraphs": records},
     }
-    manifest_path = out_dir / "manifest.json"
+    manifest_path = out_dir / MANIFEST
     write_json(manifest_path, manifest)
     return manifest_path

@@ -153,4 +153,4 @@ def test_generate_refuses_a_set_for_another_resolution(run_cli, model_dir, conve
     result = run_cli("generate", "--model", model_dir, "-p", "cat", "--width", "128", "--height", "128",
                      "--steps", "2", "--backend", "rknn", "--subgraphs", converted, "--rknn-runtime", "simulator",
                      "-o", tmp_path / "x.png")
-    assert result.code == 1 and "converted for 64x64, asked for 128x128" in result.err
+    assert result.code == 1 and "exported for 64x64, asked for 128x128" in result.err

@@ -134,7 +134,7 @@ def test_corrupted_rknn_is_refused_by_name_before_loading(converted, dit, contex
     (copy / "b01_mlp.rknn").write_bytes(data)
     backend = RknnBackend(copy, runtime="simulator")
     engine = SplitEngine(dit, backend)
-    with pytest.raises(AnimaError, match=r"b01_mlp\.rknn does not match its manifest"):
+    with pytest.raises(AnimaError, match=r"b01_mlp\.rknn is corrupt"):
         run_pass(engine, context, SIGMAS[0])
     assert backend.loads == COUNT - 1  # intact files still loaded, the corrupted one never was
     engine.close()
@@ -148,7 +148,7 @@ def test_wrong_inputs_wrong_sets_and_unconverted_sets_are_refused(converted, dit
     with pytest.raises(ValueError, match="shape"):
         backend.run(2, {"x": np.zeros((1, 3, 128), np.float32)})
     assert backend.loads == 0  # refused before any context was opened
-    with pytest.raises(AnimaError, match="converted for 64x64, asked for 128x128"):
+    with pytest.raises(AnimaError, match="exported for 64x64, asked for 128x128"):
         make_engine(dit, "rknn", width=128, height=128, subgraphs=converted, rknn=RknnOptions(runtime="simulator"))
     source_dir = json.loads((converted / "manifest.json").read_text())["rknn"]["source_dir"]
     with pytest.raises(AnimaError, match="convert them with `anima-rknn convert-rknn` first"):

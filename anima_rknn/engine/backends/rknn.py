@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import AnimaError
-from ...export.rknn import TOOLKIT_MISSING, build_model, check_sha256, read_manifest, toolkit_call, toolkit_output
+from ...export.manifest import check_file, read_manifest
+from ...export.rknn import TOOLKIT_MISSING, build_model, toolkit_call, toolkit_output
 from ..memory_plan import pinned_contexts
 
 RUNTIMES = ("auto", "simulator", "lite")
@@ -191,9 +192,9 @@ class RknnBackend:
         rknn_path = self.subgraph_dir / self.rknn_files[index]["rknn_file"]
         onnx_path = Path(self.conversion["source_dir"]) / self.subgraphs[index]["file"]
         if index not in self.verified:  # once per backend: re-hashing GBs on every reload would cost seconds
-            check_sha256(rknn_path, self.rknn_files[index]["rknn_sha256"])
+            check_file(rknn_path, self.rknn_files[index]["rknn_sha256"])
             if self.runtime == "simulator":
-                check_sha256(onnx_path, self.subgraphs[index]["sha256"])
+                check_file(onnx_path, self.subgraphs[index]["sha256"])
             self.verified.add(index)
         with toolkit_output() as log:
             if self.runtime == "simulator":
