@@ -6,6 +6,8 @@ The CLI and the bench both drive this object; nothing here prints.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
 import gc
 import time
@@ -19,7 +21,7 @@ from PIL import Image
 from .engine import RknnOptions, make_engine
 from .errors import AnimaError
 from .checkpoint import read_shapes
-from .model.io import load_dit, read_dit_config
+from .model.io import load_dit, load_llm_adapter, read_dit_config
 from .model_set import ModelFiles
 from .sampling.caches import make_cache
 from .sampling.euler import SampleResult, sample_euler
@@ -104,9 +106,23 @@ def initial_noise(seed: int, width: int, height: int, channels: int = 16) -> np.
     return torch.randn((1, channels, height // 8, width // 8), generator=generator).numpy()
 
 
-def _free(*objects: object) -> None:
-    del objects
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    libc = ctypes.util.find_library("c")
+    return getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+
+
+_MALLOC_TRIM = _libc_malloc_trim()
+
+
+def _return_freed_memory() -> None:
+    """Give the memory of a finished stage back to the OS before the next stage loads.
+
+    glibc keeps freed heap blocks (a stage's many mid-sized tensors) for reuse and they still count as
+    resident; without this, the text encoder's ~2 GB would sit beside the DiT.
+    """
     gc.collect()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 class AnimaPipeline:
@@ -124,25 +140,30 @@ class AnimaPipeline:
     def _load_dit(self, dtype: str):
         if self._dit is not None and self._dit_dtype == dtype:
             return self._dit
-        dit = load_dit(self.files.dit, DTYPES[dtype])
+        # Kept for several runs it is loaded whole; otherwise just what denoising needs, in the least memory.
+        dit = load_dit(self.files.dit, DTYPES[dtype], denoise_only=not self.keep_dit)
         if self.keep_dit:
             self._dit, self._dit_dtype = dit, dtype
         return dit
 
     def encode(self, prompt: str, negative: str, dtype: str = "fp32") -> Conditioning:
-        """Qwen3 hidden states for both prompts (encoder freed afterwards), then the adapter from the DiT file."""
+        """Qwen3 hidden states for both prompts (encoder freed afterwards), then the adapter from the DiT file.
+
+        `dtype` names the bodies' dtype of a kept DiT, whose adapter is then used; otherwise the adapter is
+        loaded alone and freed."""
         start = time.perf_counter()
         tokens = [self.tokenizer.encode(p) for p in (prompt, negative)]
         encoder = load_text_encoder(self.files.text_encoder)
         with torch.no_grad():
             states = [encoder.encode(t.qwen_ids) for t in tokens]
-        _free(encoder)
-        dit = self._load_dit(dtype)
+        del encoder  # freed here, before the adapter loads (passing it to a helper could not free it)
+        _return_freed_memory()
+        adapter = self._load_dit(dtype).llm_adapter if self.keep_dit else load_llm_adapter(self.files.dit)
         with torch.no_grad():
-            contexts = [dit.llm_adapter.condition(s, torch.tensor([t.t5_ids]), torch.tensor([t.t5_weights]))
+            contexts = [adapter.condition(s, torch.tensor([t.t5_ids]), torch.tensor([t.t5_weights]))
                         for s, t in zip(states, tokens)]
-        if not self.keep_dit:
-            _free(dit)
+        del adapter
+        _return_freed_memory()
         return Conditioning(contexts[0], contexts[1], time.perf_counter() - start)
 
     def denoise(self, conditioning: Conditioning, params: GenerationParams, *, keep_x0: bool = False,
@@ -170,9 +191,10 @@ class AnimaPipeline:
         finally:
             engine.close()
         elapsed = time.perf_counter() - start
-        if not self.keep_dit:
-            _free(dit, engine)
-        return Denoised(sample, engine.passes, engine.subgraph_runs, elapsed)
+        passes, subgraph_runs = engine.passes, engine.subgraph_runs
+        del dit, engine, denoise  # the step function holds the engine too
+        _return_freed_memory()
+        return Denoised(sample, passes, subgraph_runs, elapsed)
 
     def decode(self, latent: np.ndarray, tile: int | None = None, overlap: int = 64) -> tuple[Image.Image, float]:
         start = time.perf_counter()
@@ -180,7 +202,8 @@ class AnimaPipeline:
         z = torch.from_numpy(latent)
         with torch.no_grad():
             pixels = vae.decode(z) if tile is None else decode_tiled(vae, z, tile, overlap)
-        _free(vae)
+        del vae
+        _return_freed_memory()
         array = (pixels[0].permute(1, 2, 0).clamp(0, 1).numpy() * 255).round().astype(np.uint8)
         return Image.fromarray(array), time.perf_counter() - start
 

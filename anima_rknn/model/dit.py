@@ -3,6 +3,8 @@
 Module names follow the checkpoint keys (`blocks.N.self_attn.q_proj`, ...), so a state dict loads as is.
 Precision policy: the residual stream, LayerNorm, AdaLN and gates are fp32 on the host side; the three
 bodies per block (self-attention, cross-attention, MLP) may hold fp16/bf16 weights (`set_body_dtype`).
+Host linear layers compute in fp32 whatever their weights are stored in, so a loader may leave them in the
+file's bf16 (used in place from the memory map) without changing the arithmetic.
 The pass is written as prologue -> per block (modulate, body, gate) x 3 -> epilogue so that the split
 engine can run the very same pieces with the bodies on an accelerator.
 """
@@ -50,8 +52,9 @@ class CrossAttention(SelfAttention):
         self.v_proj = nn.Linear(context_dim, hidden, bias=False)
 
     def key_value(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V depend only on the prompt: callers may compute them once per prompt."""
-        return self.k_norm(self.split_heads(self.k_proj(context))), self.split_heads(self.v_proj(context))
+        """K/V depend only on the prompt: callers may compute them once per prompt (kept contiguous for reuse)."""
+        k = self.k_norm(self.split_heads(self.k_proj(context)))
+        return k.contiguous(), self.split_heads(self.v_proj(context)).contiguous()
 
     def attend(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         q = self.q_norm(self.split_heads(self.q_proj(x)))
@@ -71,14 +74,24 @@ class MLP(nn.Module):
         return self.layer2(F.gelu(self.layer1(x)))
 
 
+class HostLinear(nn.Linear):
+    """A bias-free host-side linear layer that computes in fp32 whatever dtype its weight is stored in."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__(in_features, out_features, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.float(), self.weight.float())
+
+
 def adaln_projection(hidden: int, lora: int, outputs: int) -> nn.Sequential:
     """SiLU -> Linear(hidden, lora) -> Linear(lora, outputs*hidden); indices 1 and 2 match the checkpoint."""
-    return nn.Sequential(nn.SiLU(), nn.Linear(hidden, lora, bias=False), nn.Linear(lora, outputs * hidden, bias=False))
+    return nn.Sequential(nn.SiLU(), HostLinear(hidden, lora), HostLinear(lora, outputs * hidden))
 
 
 def layer_norm_modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """LN(x) * (1 + scale) + shift, in fp32 (the residual stream overflows fp16)."""
-    return F.layer_norm(x.float(), x.shape[-1:], eps=1e-6) * (1 + scale) + shift
+    return torch.addcmul(shift, F.layer_norm(x.float(), x.shape[-1:], eps=1e-6), 1 + scale)
 
 
 class Block(nn.Module):
@@ -113,7 +126,7 @@ class FinalLayer(nn.Module):
     def __init__(self, config: DiTConfig) -> None:
         super().__init__()
         self.adaln_modulation = adaln_projection(config.hidden, config.adaln_lora, 2)
-        self.linear = nn.Linear(config.hidden, config.patch * config.patch * config.in_channels, bias=False)
+        self.linear = HostLinear(config.hidden, config.patch * config.patch * config.in_channels)
 
     def forward(self, x: torch.Tensor, emb: torch.Tensor, adaln_lora: torch.Tensor) -> torch.Tensor:
         d = x.shape[-1]
@@ -124,8 +137,8 @@ class FinalLayer(nn.Module):
 class TimestepMLP(nn.Module):
     def __init__(self, hidden: int) -> None:
         super().__init__()
-        self.linear_1 = nn.Linear(hidden, hidden, bias=False)
-        self.linear_2 = nn.Linear(hidden, 3 * hidden, bias=False)
+        self.linear_1 = HostLinear(hidden, hidden)
+        self.linear_2 = HostLinear(hidden, 3 * hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_2(F.silu(self.linear_1(x)))
@@ -135,7 +148,7 @@ class PatchEmbed(nn.Module):
     def __init__(self, config: DiTConfig) -> None:
         super().__init__()
         features = (config.in_channels + 1) * config.patch * config.patch
-        self.proj = nn.Sequential(nn.Identity(), nn.Linear(features, config.hidden, bias=False))
+        self.proj = nn.Sequential(nn.Identity(), HostLinear(features, config.hidden))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(x)
@@ -176,7 +189,7 @@ class AnimaDiT(nn.Module):
         self.t_embedding_norm = RMSNorm(config.hidden)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.blocks))
         self.final_layer = FinalLayer(config)
-        self.llm_adapter = LLMAdapter(config)
+        self.llm_adapter: LLMAdapter | None = LLMAdapter(config)  # None in a denoise-only load
         self.body_dtype = torch.float32
 
     def set_body_dtype(self, dtype: torch.dtype) -> AnimaDiT:
@@ -220,10 +233,10 @@ class AnimaDiT(nn.Module):
         """x [B,16,H,W], sigma [B] in [0,1], context [B,512,context_dim] -> velocity [B,16,H,W] fp32."""
         state = self.prologue(x, sigma)
         context_kv = self.context_key_values(context)
-        rope = state.rope
+        rope = (state.rope[0].to(self.body_dtype), state.rope[1].to(self.body_dtype))  # once, not per block
         for block, mods, kv in zip(self.blocks, self.modulations(state), context_kv):
             for part in range(3):
                 shift, scale, gate = mods[part]
                 body_in = layer_norm_modulate(state.tokens, shift, scale).to(self.body_dtype)
-                state.tokens = state.tokens + gate * block.body(part, body_in, rope, kv).float()
+                state.tokens = torch.addcmul(state.tokens, gate, block.body(part, body_in, rope, kv))  # fp32
         return self.epilogue(state)

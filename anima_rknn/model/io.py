@@ -9,10 +9,12 @@ import re
 import torch
 
 from ..checkpoint import check_shapes, load_tensors, read_metadata, read_shapes, save_tensors
+from .adapter import LLMAdapter
 from .config import CONTEXT_TOKENS, DiTConfig, infer_dit_config
 from .dit import AnimaDiT
 
 PREFIXES = ("model.diffusion_model.", "net.")
+ADAPTER_PREFIX = "llm_adapter."
 CONTEXT_TOKENS_KEY = "anima_rknn.context_tokens"
 _BODY = re.compile(r"blocks\.\d+\.(self_attn|cross_attn|mlp)\.")
 
@@ -38,25 +40,57 @@ def expected_shapes(config: DiTConfig) -> dict[str, tuple[int, ...]]:
         return {k: tuple(v.shape) for k, v in AnimaDiT(config).state_dict().items()}
 
 
-def load_dit(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> AnimaDiT:
+def _mapped(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Every tensor of the file through one new memory map; its pages stay resident while any of them lives."""
+    return {_strip(k): v for k, v in load_tensors(path, "DiT").items()}
+
+
+def load_dit(path: str | os.PathLike, dtype: torch.dtype = torch.float32, *,
+             denoise_only: bool = False) -> AnimaDiT:
     """The DiT with sizes read from the file; attention/MLP bodies in `dtype`, everything else fp32.
 
-    Tensors are memory-mapped; a body already stored in `dtype` is used without a copy.
+    Tensors already stored in their target dtype are used in place from a memory map of the file; the others
+    are converted from a second map that is closed afterwards, so the pages read for them leave memory too.
+    `denoise_only` loads just what the denoising loop needs, in the least memory: no LLM adapter
+    (`llm_adapter` is None), and the host weights (AdaLN, embedders, final layer) left in the file's dtype,
+    used in place and upcast to fp32 at use.
     """
     config = read_dit_config(path)
-    tensors = {_strip(k): v for k, v in load_tensors(path, "DiT").items()}
     expected = expected_shapes(config)
-    tensors = {k: tensors[k].to(dtype if _BODY.match(k) else torch.float32) for k in expected}
+    if denoise_only:
+        expected = {k: v for k, v in expected.items() if not k.startswith(ADAPTER_PREFIX)}
+
+    def target(name: str, stored: torch.dtype) -> torch.dtype:
+        return dtype if _BODY.match(name) else stored if denoise_only else torch.float32
+
+    in_place = {k: v for k, v in _mapped(path).items() if k in expected and v.dtype == target(k, v.dtype)}
+    converted = {k: v.to(target(k, v.dtype)) for k, v in _mapped(path).items()
+                 if k in expected and k not in in_place}
     with torch.device("meta"):
         model = AnimaDiT(config)
-    model.load_state_dict(tensors, strict=True, assign=True)
+    if denoise_only:
+        model.llm_adapter = None
+    model.load_state_dict(in_place | converted, strict=True, assign=True)
     model.body_dtype = dtype
     return model.eval().requires_grad_(False)
+
+
+def load_llm_adapter(path: str | os.PathLike) -> LLMAdapter:
+    """The LLM adapter alone, in fp32, from its own memory map of the DiT file."""
+    config = read_dit_config(path)
+    tensors = {k.removeprefix(ADAPTER_PREFIX): v.float() for k, v in _mapped(path).items()
+               if k.startswith(ADAPTER_PREFIX)}
+    with torch.device("meta"):
+        adapter = LLMAdapter(config)
+    adapter.load_state_dict(tensors, strict=True, assign=True)
+    return adapter.eval().requires_grad_(False)
 
 
 def save_dit(model: AnimaDiT, path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
              metadata: dict[str, str] | None = None) -> None:
     """Write the real layout: `net.` prefix, `dtype` tensors, sizes recoverable from shapes alone."""
+    if model.llm_adapter is None:
+        raise ValueError("a denoise-only DiT has no LLM adapter to save; load it whole")
     meta = {"anima_rknn.config": json.dumps(model.config.to_dict()), **(metadata or {})}
     if model.config.context_tokens != CONTEXT_TOKENS:
         meta[CONTEXT_TOKENS_KEY] = str(model.config.context_tokens)

@@ -76,15 +76,25 @@ def qwen3_config_from_shapes(shapes: Mapping[str, Sequence[int]]) -> Qwen3Config
     )
 
 
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+def _read_tensors(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The file's tensors in `dtype`, each read through its own memory map.
+
+    A map's pages stay resident while any tensor from it lives; one map per tensor lets each converted
+    tensor's file pages go at once, so converting never holds the file and the copy together.
+    """
     if not path.is_file():
         raise AnimaError(f"text encoder file not found: {path}")
     try:
-        tensors = safetensors.torch.load_file(str(path))
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            names = [name for name in f.keys() if not name.startswith(IGNORED_PREFIX)]
+        tensors = {}
+        for name in names:
+            with safetensors.safe_open(str(path), framework="pt") as f:
+                tensors[_strip_prefix(name)] = f.get_tensor(name).to(dtype)
     except (safetensors.SafetensorError, OSError, ValueError) as e:
         reason = str(e).partition("\n")[0]
         raise AnimaError(f"cannot read text encoder {path}: {reason} (truncated or not safetensors?)") from None
-    return {_strip_prefix(name): t for name, t in tensors.items() if not name.startswith(IGNORED_PREFIX)}
+    return tensors
 
 
 class TextEncoder:
@@ -114,7 +124,7 @@ class TextEncoder:
 
 def load_text_encoder(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> TextEncoder:
     """Load a Qwen3 text encoder file ("model." prefix or none; lm_head.* ignored), config from its shapes."""
-    tensors = _read_tensors(Path(path))
+    tensors = _read_tensors(Path(path), dtype)
     config = qwen3_config_from_shapes({name: t.shape for name, t in tensors.items()})
     # Build on the meta device so no random init is computed, then adopt the file's tensors.
     with torch.device("meta"):
@@ -131,7 +141,6 @@ def load_text_encoder(path: str | os.PathLike, dtype: torch.dtype = torch.float3
     if unknown:
         raise AnimaError(f"text encoder file has unexpected tensor {FILE_PREFIX}{unknown[0]} ({len(unknown)} in all)")
     model.load_state_dict(tensors, assign=True, strict=True)
-    model = model.to(dtype)
     # The RoPE inverse frequencies are a non-persistent buffer, still on meta: compute them, in fp32.
     model.rotary_emb = type(model.rotary_emb)(config=config)
     return TextEncoder(model)
