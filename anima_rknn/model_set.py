@@ -70,7 +70,12 @@ def from_model_dir(root: str | os.PathLike) -> ModelFiles:
 
 
 def resolve(model: str | os.PathLike | None, **explicit: str | os.PathLike | None) -> ModelFiles:
-    """A model directory, overridden file by file by explicit paths; a hub id is fetched first."""
+    """A model directory, overridden file by file by explicit paths; a hub id is fetched first.
+    Nothing at all given means the shipped demo model."""
+    if model is None and not any(explicit.values()):
+        from .demo import demo_model_dir
+
+        model = demo_model_dir()
     if model is not None and not Path(model).exists() and str(model).count("/") == 1 and str(model) == HUB_REPO:
         model = download_from_hub(str(model))
     base = dataclasses.asdict(from_model_dir(model)) if model is not None else {}

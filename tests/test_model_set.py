@@ -27,9 +27,14 @@ def test_explicit_paths_alone(tiny_set):
     assert files == tiny_set
 
 
-def test_nothing_given_names_the_flags():
-    with pytest.raises(AnimaError, match="--dit --text-encoder --vae"):
-        resolve(None)
+def test_nothing_given_is_the_shipped_demo_model():
+    files = resolve(None)
+    assert files.dit.parent.name == "diffusion_models" and "demo_model" in str(files.dit)
+
+
+def test_some_files_given_names_the_missing_flags(tiny_set):
+    with pytest.raises(AnimaError, match="--text-encoder --vae --qwen-tokenizer --t5-tokenizer"):
+        resolve(None, dit=tiny_set.dit)
 
 
 def test_two_dits_in_the_folder_are_named(tiny_set, tmp_path):

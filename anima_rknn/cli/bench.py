@@ -14,7 +14,7 @@ from ..model_set import resolve
 from ..pipeline import AnimaPipeline, GenerationParams, GenerationResult
 from . import cli
 from .generate import cache_options, save_png
-from .options import model_options, rknn_options, rknn_settings, sampling_options, vae_options, vae_tile
+from .options import image_size, model_options, rknn_options, rknn_settings, sampling_options, vae_options, vae_tile
 
 if TYPE_CHECKING:
     from ..bench.run import BenchResult
@@ -80,12 +80,16 @@ def save_images(result: BenchResult, out: Path, model_name: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print report.json on stdout too.")
 def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, negative, width, height, steps,
           cfg, seed, shift, dtype, backend, subgraphs, rknn_runtime, rknn_budget, rknn_core_mask, caches,
-          cache_option, seeds, repeat, min_psnr, min_ssim, fail_on_verdict, vae_tiling, vae_tile_size, vae_tile_overlap, out, overwrite, as_json) -> None:
+          cache_option, seeds, repeat, min_psnr, min_ssim, fail_on_verdict, vae_tiling, vae_tile_size,
+          vae_tile_overlap, out, overwrite, as_json) -> None:
     """Cached vs uncached baseline with the same weights, seed and noise: speed, work and image fidelity."""
     run_module, report_module, figures = bench_modules()
     cache_names = run_module.parse_cache_list(caches)
     seed_list = run_module.parse_seed_list(seeds) if seeds else [seed]
     options = cache_options(cache_option, {})
+    files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
+                    t5_tokenizer=t5_tokenizer)
+    width, height = image_size(files, width, height)
     params = GenerationParams(prompt=prompt, negative=negative, width=width, height=height, steps=steps, cfg=cfg,
                               seed=seed_list[0], shift=shift, dtype=dtype, backend=backend,
                               subgraphs=Path(subgraphs) if subgraphs else None,
@@ -94,8 +98,6 @@ def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, n
     run_module.policy_params(params, cache_names, options)  # bad options fail here, before the folder is made
     out_dir = Path(out)
     check_out_dir(out_dir, overwrite)
-    files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
-                    t5_tokenizer=t5_tokenizer)
     pipeline = AnimaPipeline(files, keep_dit=True)
 
     total_steps = len(seed_list) * repeat * (1 + len(cache_names)) * steps

@@ -15,7 +15,7 @@ from ..model_set import resolve
 from ..pipeline import AnimaPipeline, GenerationParams, GenerationResult, png_parameters
 from ..sampling.caches import CACHE_NAMES, parse_cache_options
 from . import cli
-from .options import model_options, rknn_options, rknn_settings, sampling_options, vae_options, vae_tile
+from .options import image_size, model_options, rknn_options, rknn_settings, sampling_options, vae_options, vae_tile
 
 SPECTRUM_TYPES = {"w": float, "m": int, "lam": float, "window": int, "flex": float, "warmup": int, "stop": float}
 
@@ -90,6 +90,9 @@ def generate(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt
              cache_option, vae_tiling, vae_tile_size, vae_tile_overlap, out, overwrite, as_json, **spectrum) -> None:
     """Generate one image."""
     out_path = Path(out)
+    files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
+                    t5_tokenizer=t5_tokenizer)
+    width, height = image_size(files, width, height)
     params = GenerationParams(
         prompt=prompt, negative=negative, width=width, height=height, steps=steps, cfg=cfg, seed=seed,
         shift=shift, dtype=dtype, cache=cache,
@@ -100,8 +103,6 @@ def generate(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt
     )
     params.validate()
     check_output(out_path, overwrite)
-    files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
-                    t5_tokenizer=t5_tokenizer)
     pipeline = AnimaPipeline(files)
 
     with tqdm(total=steps, desc="denoise", unit="step", file=sys.stderr, dynamic_ncols=True) as bar:

@@ -8,6 +8,8 @@ import click
 
 from ..engine.backends.rknn import CORE_MASKS, RUNTIMES, RknnOptions
 from ..engine.memory_plan import parse_size
+from ..model.io import trained_image_size
+from ..model_set import ModelFiles
 from ..pipeline import DEFAULT_NEGATIVE, DTYPES
 
 F = Callable[..., object]
@@ -17,7 +19,7 @@ def model_options(f: F) -> F:
     for option in reversed([
         click.option("--model", "model", default=None,
                      help="Model directory in the Hugging Face layout (split_files/..., tokenizers/...), "
-                          "or circlestone-labs/Anima to download it."),
+                          "or circlestone-labs/Anima to download it. Default: the shipped demo model."),
         click.option("--dit", type=click.Path(dir_okay=False), help="DiT + LLM adapter .safetensors."),
         click.option("--text-encoder", type=click.Path(dir_okay=False), help="Qwen3 text encoder .safetensors."),
         click.option("--vae", type=click.Path(dir_okay=False), help="Wan / Qwen-Image VAE .safetensors."),
@@ -32,8 +34,9 @@ def sampling_options(f: F) -> F:
     for option in reversed([
         click.option("--prompt", "-p", required=True, help="Prompt; (word:1.2) weights as in ComfyUI."),
         click.option("--negative", "-n", default=DEFAULT_NEGATIVE, show_default=True, help="Negative prompt."),
-        click.option("--width", "-W", type=int, default=512, show_default=True),
-        click.option("--height", "-H", type=int, default=512, show_default=True),
+        click.option("--width", "-W", type=int, default=None,
+                     help="Default 512, or the size a small trained model was made for (64 for the demo model)."),
+        click.option("--height", "-H", type=int, default=None, help="Default as --width."),
         click.option("--steps", type=int, default=20, show_default=True),
         click.option("--cfg", type=float, default=4.0, show_default=True, help="Classifier-free guidance scale."),
         click.option("--seed", type=int, default=20260812, show_default=True),
@@ -81,3 +84,8 @@ def vae_options(f: F) -> F:
 
 def vae_tile(vae_tiling: bool, vae_tile_size: int) -> int | None:
     return vae_tile_size if vae_tiling else None
+
+
+def image_size(files: ModelFiles, width: int | None, height: int | None) -> tuple[int, int]:
+    native = trained_image_size(files.dit) or 512
+    return width or native, height or native

@@ -16,6 +16,7 @@ from .dit import AnimaDiT
 PREFIXES = ("model.diffusion_model.", "net.")
 ADAPTER_PREFIX = "llm_adapter."
 CONTEXT_TOKENS_KEY = "anima_rknn.context_tokens"
+IMAGE_SIZE_KEY = "anima_rknn.demo.image_size"  # written by train-demo: the one size that model knows
 _BODY = re.compile(r"blocks\.\d+\.(self_attn|cross_attn|mlp)\.")
 
 
@@ -33,6 +34,12 @@ def read_dit_config(path: str | os.PathLike) -> DiTConfig:
     config = infer_dit_config(shapes, context_tokens)
     check_shapes(shapes, expected_shapes(config), "Anima DiT")
     return config
+
+
+def trained_image_size(path: str | os.PathLike) -> int | None:
+    """The image size a small trained model was made for, if its file says so (the real Anima does not)."""
+    size = read_metadata(path, "DiT").get(IMAGE_SIZE_KEY)
+    return int(size) if size else None
 
 
 def expected_shapes(config: DiTConfig) -> dict[str, tuple[int, ...]]:

@@ -1,0 +1,403 @@
+"""Train the demo model set: a small Wan VAE first, then a small DiT + LLM adapter on its latents.
+
+Everything is the project's own model code and file formats; the Qwen3 text encoder is frozen random (the
+adapter learns to read it). The DiT learns rectified flow (x_t = (1-s) x0 + s eps, target v = eps - x0) with
+caption dropout for CFG and an EMA copy, which is what gets shipped. Samples and noise are functions of
+(seed, step), and a checkpoint is written every minute, so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from ..checkpoint import load_tensors, read_metadata, save_tensors
+from ..errors import AnimaError
+from ..files import atomic_path
+from ..model.config import DiTConfig
+from ..model.dit import AnimaDiT
+from ..model.io import save_dit
+from ..model_set import LAYOUT, ModelFiles, from_model_dir
+from ..pipeline import DEFAULT_NEGATIVE
+from ..sampling.schedule import shift_sigma
+from ..text import PromptTokenizer, build_word_tokenizers, load_text_encoder, write_random_text_encoder
+from ..tiny_set import WORDS
+from ..vae import WanVAE, WanVAEConfig, save_vae
+from . import dataset
+
+CHECKPOINT_EVERY_S = 60.0
+LOG_WINDOW = 50  # steps averaged for the loss shown and logged
+DIT_FILE = "anima-demo.safetensors"
+TEXT_ENCODER_FILE = "qwen3-demo-random.safetensors"
+VAE_FILE = "wan-vae-demo.safetensors"
+META_PREFIX = "anima_rknn.demo."
+
+
+@dataclasses.dataclass(frozen=True)
+class TextEncoderSize:
+    hidden: int = 128  # = the DiT config's adapter_source_dim
+    layers: int = 2
+    heads: int = 2
+    kv_heads: int = 1
+    head_dim: int = 64
+    intermediate: int = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoConfig:
+    seed: int = 0
+    minutes: float = 35.0  # whole budget, VAE and DiT together
+    vae_share: float = 0.4  # of `minutes`: the autoencoder limits the picture quality most
+    vae_steps: int | None = None  # a fixed step count instead of the time budget (tests)
+    dit_steps: int | None = None
+    vae_batch: int = 16
+    vae_lr: float = 1e-3
+    kl_weight: float = 1e-4  # keeps the latent smooth for the DiT without costing much sharpness
+    dit_batch: int = 64
+    dit_lr: float = 8e-4
+    latent_pool: int = 8192  # images encoded once: encoding on the fly would double a DiT step's cost
+    warmup_steps: int = 50
+    caption_dropout: float = 0.1  # half to "", half to the default negative prompt: both act as "unconditional"
+    ema_decay: float = 0.995
+    flow_shift: float = 3.0  # training sigmas follow the sampler's shifted schedule
+    vae_dim: int = 16
+    vae_res_blocks: int = 1
+    text_encoder: TextEncoderSize = TextEncoderSize()
+    # Captions are at most 11 T5 tokens, so 16 context rows suffice (stored in the DiT file's metadata).
+    dit: DiTConfig = DiTConfig(hidden=192, heads=3, blocks=6, mlp=768, adaln_lora=48, context_dim=128,
+                               adapter_source_dim=128, adapter_blocks=1, adapter_heads=2, adapter_mlp=256,
+                               context_tokens=16)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> DemoConfig:
+        raw = json.loads(text)
+        return cls(**{**raw, "text_encoder": TextEncoderSize(**raw["text_encoder"]), "dit": DiTConfig(**raw["dit"])})
+
+
+@dataclasses.dataclass
+class StageResult:
+    steps: int
+    seconds: float
+    first_loss: float  # mean of the first LOG_WINDOW steps
+    last_loss: float  # mean of the last LOG_WINDOW steps
+
+
+# ---- small helpers ---------------------------------------------------------------------------------------
+
+
+def _images_to_tensor(images: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255.0
+
+
+def _learning_rate(base: float, step: int, progress: float, warmup: int) -> float:
+    """Linear warm-up, then cosine down to a tenth over the stage's progress (time or steps)."""
+    ramp = min(1.0, (step + 1) / warmup)
+    return base * ramp * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def _add_metadata(path: Path, extra: dict[str, str]) -> None:
+    """Rewrite a safetensors file with more metadata (the writers of the other parts take none)."""
+    tensors = load_tensors(path, "model")
+    save_tensors({k: v.clone() for k, v in tensors.items()}, path, {**read_metadata(path, "model"), **extra})
+
+
+class Stage:
+    """The loop shared by both stages: time or step budget, progress bar with loss and ETA, checkpoints."""
+
+    def __init__(self, name: str, checkpoint: Path, steps: int | None, seconds: float) -> None:
+        self.name, self.checkpoint = name, checkpoint
+        self.steps, self.seconds = steps, seconds
+        self.state: dict = torch.load(checkpoint, weights_only=False) if checkpoint.is_file() else {}
+        self.step: int = self.state.get("step", 0)
+        self.elapsed: float = self.state.get("elapsed", 0.0)
+        self.losses: list[float] = self.state.get("losses", [])
+
+    @property
+    def resumed(self) -> bool:
+        return bool(self.state)
+
+    @property
+    def done(self) -> bool:
+        return self.state.get("done", False)
+
+    def progress(self) -> float:
+        return self.step / self.steps if self.steps is not None else self.elapsed / self.seconds
+
+    def run(self, train_step: Callable[[int, float], float], snapshot: Callable[[], dict]) -> StageResult:
+        """Call train_step(step, progress) -> loss until the budget is spent; checkpoint as it goes."""
+        total = self.steps if self.steps is not None else self.seconds
+        bar_format = "{desc} {percentage:3.0f}%|{bar}| {elapsed}<{remaining}"
+        with tqdm(total=total, initial=min(self.step if self.steps is not None else self.elapsed, total),
+                  desc=self.name, file=sys.stderr, bar_format=bar_format, dynamic_ncols=True) as bar:
+            last_save = time.monotonic()
+            while not self.done and self.progress() < 1.0:
+                started = time.monotonic()
+                self.losses.append(train_step(self.step, self.progress()))
+                self.step += 1
+                took = time.monotonic() - started
+                self.elapsed += took
+                bar.update(1 if self.steps is not None else took)
+                bar.set_description_str(f"{self.name} step {self.step} loss {np.mean(self.losses[-LOG_WINDOW:]):.4f}")
+                if time.monotonic() - last_save > CHECKPOINT_EVERY_S:
+                    self.save(snapshot())
+                    last_save = time.monotonic()
+        self.state["done"] = True
+        self.save(snapshot())
+        window = min(LOG_WINDOW, max(1, len(self.losses) // 2))
+        return StageResult(self.step, self.elapsed, float(np.mean(self.losses[:window])),
+                           float(np.mean(self.losses[-window:])))
+
+    def save(self, snapshot: dict) -> None:
+        self.state.update(snapshot, step=self.step, elapsed=self.elapsed, losses=self.losses)
+        with atomic_path(self.checkpoint) as tmp:
+            torch.save(self.state, tmp)
+
+
+# ---- stage 1: the VAE ------------------------------------------------------------------------------------
+
+
+def _vae_loss(vae: WanVAE, images: torch.Tensor, generator: torch.Generator, kl_weight: float) -> torch.Tensor:
+    """Pixel MSE in [-1, 1] of a sampled posterior, plus a small KL to N(0, 1); no clamp, so edges get gradient."""
+    x = images * 2 - 1
+    mu, logvar = vae.conv1(vae.encoder(x)).chunk(2, dim=1)
+    logvar = logvar.clamp(-30.0, 20.0)
+    z = mu + torch.exp(0.5 * logvar) * torch.randn(mu.shape, generator=generator)
+    recon = vae.decoder(vae.conv2(z))
+    kl = 0.5 * (mu.pow(2) + logvar.exp() - 1 - logvar).mean()
+    return F.mse_loss(recon, x) + kl_weight * kl
+
+
+def _latent_statistics(vae: WanVAE, seed: int, count: int = 512) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of the posterior means, so the DiT sees unit-scale latents."""
+    images, _ = dataset.batch(seed, 0, count)
+    with torch.no_grad():
+        z = vae.encode(_images_to_tensor(images))  # identity statistics: the raw posterior mean
+    mean, std = z.mean(dim=(0, 2, 3)), z.std(dim=(0, 2, 3))
+    return tuple(round(float(v), 5) for v in mean), tuple(round(float(v), 5) for v in std)
+
+
+def train_vae(config: DemoConfig, work: Path) -> tuple[WanVAE, StageResult]:
+    identity = (0.0,) * 16, (1.0,) * 16
+    vae_config = WanVAEConfig(dim=config.vae_dim, z_dim=16, num_res_blocks=config.vae_res_blocks,
+                              latents_mean=identity[0], latents_std=identity[1])
+    torch.manual_seed(config.seed)
+    vae = WanVAE(vae_config)
+    optimizer = torch.optim.Adam(vae.parameters(), lr=config.vae_lr)
+    stage = Stage("vae", work / "vae.pt", config.vae_steps, 60 * config.minutes * config.vae_share)
+    if stage.resumed:
+        vae.load_state_dict(stage.state["model"])
+        optimizer.load_state_dict(stage.state["optimizer"])
+    vae.train()
+
+    def train_step(step: int, progress: float) -> float:
+        for group in optimizer.param_groups:
+            group["lr"] = _learning_rate(config.vae_lr, step, progress, config.warmup_steps)
+        images, _ = dataset.batch(config.seed, step * config.vae_batch, config.vae_batch)
+        loss = _vae_loss(vae, _images_to_tensor(images), torch.Generator().manual_seed(step), config.kl_weight)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+        optimizer.step()
+        return loss.item()
+
+    result = stage.run(train_step, lambda: {"model": vae.state_dict(), "optimizer": optimizer.state_dict()})
+    vae.eval().requires_grad_(False)
+    mean, std = _latent_statistics(vae, config.seed + 1)
+    trained = WanVAE(dataclasses.replace(vae_config, latents_mean=mean, latents_std=std))
+    trained.load_state_dict(vae.state_dict())
+    return trained.eval().requires_grad_(False), result
+
+
+# ---- stage 2: the DiT ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedCaption:
+    qwen_states: torch.Tensor  # [1, S, source_dim], frozen
+    t5_ids: torch.Tensor  # [1, L]
+    t5_weights: torch.Tensor  # [1, L]
+
+
+class CaptionBank:
+    """Qwen3 states of every caption, computed once (the encoder is frozen); the adapter runs per batch."""
+
+    def __init__(self, files: ModelFiles, captions: list[str]) -> None:
+        tokenizer = PromptTokenizer.from_dirs(files.qwen_tokenizer, files.t5_tokenizer)
+        encoder = load_text_encoder(files.text_encoder)
+        self.captions: dict[str, EncodedCaption] = {}
+        for caption in captions:
+            tokens = tokenizer.encode(caption)
+            # clone: the encoder's inference-mode tensors cannot take part in autograd
+            self.captions[caption] = EncodedCaption(encoder.encode(tokens.qwen_ids).clone(), torch.tensor([tokens.t5_ids]),
+                                                    torch.tensor([tokens.t5_weights]))
+
+    def context(self, adapter: torch.nn.Module, captions: list[str]) -> torch.Tensor:
+        """[B, context_tokens, context_dim], each row exactly what the pipeline computes for one prompt.
+
+        Captions of equal token lengths share one adapter call; no padding, so no masks are needed."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, caption in enumerate(captions):
+            encoded = self.captions[caption]
+            groups.setdefault((encoded.qwen_states.shape[1], encoded.t5_ids.shape[1]), []).append(i)
+        rows: list[torch.Tensor | None] = [None] * len(captions)
+        for members in groups.values():
+            picked = [self.captions[captions[i]] for i in members]
+            out = adapter.condition(torch.cat([p.qwen_states for p in picked]), torch.cat([p.t5_ids for p in picked]),
+                                    torch.cat([p.t5_weights for p in picked]))
+            for i, row in zip(members, out):
+                rows[i] = row
+        return torch.stack(rows)
+
+
+def _new_dit(config: DiTConfig, seed: int) -> AnimaDiT:
+    """PyTorch default init, with adaLN-Zero: every block starts as the identity and the output as zero."""
+    torch.manual_seed(seed)
+    dit = AnimaDiT(config)
+    with torch.no_grad():
+        for name, param in dit.named_parameters():
+            if ".adaln_modulation" in name and name.endswith(".2.weight") or name in (
+                    "t_embedder.1.linear_2.weight", "final_layer.linear.weight"):
+                param.zero_()
+    return dit
+
+
+def _training_caption(spec: dataset.ShapeSpec, rng: np.random.Generator, dropout: float) -> str:
+    if rng.random() >= dropout:
+        return spec.caption
+    return "" if rng.random() < 0.5 else DEFAULT_NEGATIVE
+
+
+def _latent_pool(vae: WanVAE, seed: int, count: int, path: Path, chunk: int = 128) -> torch.Tensor:
+    """Normalised latents of dataset samples 0..count-1 of `seed`, cached in `path` for a resumed run."""
+    if path.is_file():
+        pool = torch.load(path)
+        if pool.shape[0] == count:
+            return pool
+    parts = []
+    with torch.no_grad():
+        for start in tqdm(range(0, count, chunk), desc="encode latents", file=sys.stderr, dynamic_ncols=True):
+            images, _ = dataset.batch(seed, start, min(chunk, count - start))
+            parts.append(vae.encode(_images_to_tensor(images)))
+    pool = torch.cat(parts)
+    with atomic_path(path) as tmp:
+        torch.save(pool, tmp)
+    return pool
+
+
+def train_dit(config: DemoConfig, work: Path, vae: WanVAE, bank: CaptionBank) -> tuple[AnimaDiT, StageResult]:
+    data_seed = config.seed + 2
+    pool = _latent_pool(vae, data_seed, config.latent_pool, work / "latents.pt")
+    dit = _new_dit(config.dit, config.seed + 2)
+    ema = copy.deepcopy(dit).requires_grad_(False)
+    optimizer = torch.optim.AdamW(dit.parameters(), lr=config.dit_lr, weight_decay=0.0)
+    stage = Stage("dit", work / "dit.pt", config.dit_steps, 60 * config.minutes * (1 - config.vae_share))
+    if stage.resumed:
+        dit.load_state_dict(stage.state["model"])
+        ema.load_state_dict(stage.state["ema"])
+        optimizer.load_state_dict(stage.state["optimizer"])
+    dit.train()
+
+    def train_step(step: int, progress: float) -> float:
+        for group in optimizer.param_groups:
+            group["lr"] = _learning_rate(config.dit_lr, step, progress, config.warmup_steps)
+        rng = np.random.default_rng((config.seed, 2, step))
+        picked = rng.integers(config.latent_pool, size=config.dit_batch)
+        x0 = pool[torch.from_numpy(picked)]
+        eps = torch.randn(x0.shape, generator=torch.Generator().manual_seed(step))
+        sigma = torch.from_numpy(shift_sigma(rng.random(len(picked)), config.flow_shift)).float()
+        x_t = (1 - sigma.view(-1, 1, 1, 1)) * x0 + sigma.view(-1, 1, 1, 1) * eps
+        captions = [_training_caption(dataset.sample(data_seed, int(i)), rng, config.caption_dropout) for i in picked]
+        velocity = dit(x_t, sigma, bank.context(dit.llm_adapter, captions))
+        loss = F.mse_loss(velocity, eps - x0)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(dit.parameters(), 1.0)
+        optimizer.step()
+        decay = min(config.ema_decay, (1 + step) / (10 + step))  # early on, follow the model closely
+        with torch.no_grad():
+            for e, p in zip(ema.parameters(), dit.parameters()):
+                e.lerp_(p, 1 - decay)
+        return loss.item()
+
+    result = stage.run(train_step, lambda: {"model": dit.state_dict(), "ema": ema.state_dict(),
+                                            "optimizer": optimizer.state_dict()})
+    return ema.eval(), result
+
+
+# ---- the whole run ---------------------------------------------------------------------------------------
+
+
+def _check_resume(work: Path, config: DemoConfig) -> None:
+    """A resumed run must be the run that was started (only the time budget may change)."""
+    saved = work / "config.json"
+    if saved.is_file():
+        before = DemoConfig.from_json(saved.read_text())
+        if dataclasses.replace(before, minutes=config.minutes) != config:
+            raise AnimaError(f"{work.parent} holds a training run with another configuration; use a new --out")
+    with atomic_path(saved) as tmp:
+        tmp.write_text(config.to_json())
+
+
+def _stage_metadata(config: DemoConfig, result: StageResult) -> dict[str, str]:
+    return {META_PREFIX + "config": config.to_json(), META_PREFIX + "seed": str(config.seed),
+            META_PREFIX + "training": json.dumps(dataclasses.asdict(result)),
+            META_PREFIX + "image_size": str(dataset.IMAGE_SIZE)}
+
+
+def _write_text_side(out: Path, config: DemoConfig) -> ModelFiles:
+    """Both word tokenizers and the frozen random Qwen3 (deterministic, so rewriting on resume is harmless)."""
+    qwen_dir, t5_dir = out / LAYOUT["qwen_tokenizer"], out / LAYOUT["t5_tokenizer"]
+    # The sample words of make-tiny too, so that the default negative prompt is made of known words.
+    build_word_tokenizers(dataset.vocabulary() + list(WORDS), qwen_dir, t5_dir)
+    tokenizer = PromptTokenizer.from_dirs(qwen_dir, t5_dir)
+    for key in ("dit", "text_encoder", "vae"):
+        (out / LAYOUT[key]).mkdir(parents=True, exist_ok=True)
+    encoder_path = out / LAYOUT["text_encoder"] / TEXT_ENCODER_FILE
+    write_random_text_encoder(encoder_path, vocab=tokenizer.qwen.get_vocab_size(), seed=config.seed + 1,
+                              **dataclasses.asdict(config.text_encoder))
+    _add_metadata(encoder_path, {META_PREFIX + "config": config.to_json(), META_PREFIX + "seed": str(config.seed)})
+    return ModelFiles(dit=out / LAYOUT["dit"] / DIT_FILE, text_encoder=encoder_path,
+                      vae=out / LAYOUT["vae"] / VAE_FILE, qwen_tokenizer=qwen_dir, t5_tokenizer=t5_dir)
+
+
+def train_demo(out: str | Path, config: DemoConfig = DemoConfig(), threads: int = 2) -> dict[str, StageResult]:
+    """Train (or resume) the demo model set into `out` (model-directory layout; work files in out/.train).
+
+    On a machine shared with other jobs, threads=1 can be several times faster than 2 (no waiting on a
+    descheduled partner thread)."""
+    torch.set_num_threads(threads)
+    out = Path(out)
+    if config.dit.adapter_source_dim != config.text_encoder.hidden:
+        raise AnimaError("the DiT's adapter_source_dim must equal the text encoder width")
+    work = out / ".train"
+    work.mkdir(parents=True, exist_ok=True)
+    _check_resume(work, config)
+    files = _write_text_side(out, config)
+    t5_vocab = PromptTokenizer.from_dirs(files.qwen_tokenizer, files.t5_tokenizer).t5.get_vocab_size()
+    config = dataclasses.replace(config, dit=dataclasses.replace(config.dit, t5_vocab=t5_vocab))
+
+    vae, vae_result = train_vae(config, work)
+    save_vae(vae, files.vae)
+    _add_metadata(files.vae, _stage_metadata(config, vae_result))
+
+    captions = [s.caption for s in dataset.combinations("train")] + ["", DEFAULT_NEGATIVE]
+    bank = CaptionBank(files, captions)
+    dit, dit_result = train_dit(config, work, vae, bank)
+    save_dit(dit, files.dit, metadata=_stage_metadata(config, dit_result))
+    from_model_dir(out)  # the set loads like any other
+    return {"vae": vae_result, "dit": dit_result}
+
