@@ -128,3 +128,13 @@ def test_console_script_end_to_end(model_dir, tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["finite"] is True and out.is_file()
+
+
+def test_no_model_means_the_shipped_demo_model_at_its_trained_size(run_cli, tmp_path):
+    out = tmp_path / "demo.png"
+    result = run_cli("generate", "-p", "a red circle on a blue background, top left", "--steps", "8", "-o", out,
+                     "--json")
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    assert (report["width"], report["height"]) == (64, 64) and report["finite"]
+    assert "anima-demo.safetensors" in Image.open(out).text["parameters"]
