@@ -184,10 +184,14 @@ class AnimaPipeline:
                     v = v_uncond + cfg * (v - v_uncond)
             return (latent - sigma * v).numpy()
 
+        sigmas = flow_sigmas(params.steps, params.shift)
         start = time.perf_counter()
         try:
+            if not self.keep_dit:  # a one-off run: its sigmas and prompts are fixed, free what only they need
+                engine.fix_run(list(sigmas[:-1]), [conditioning.positive, conditioning.negative][: 1 + (cfg != 1.0)])
+                _return_freed_memory()
             sample = sample_euler(denoise, initial_noise(params.seed, params.width, params.height),
-                                  flow_sigmas(params.steps, params.shift), cache, callback=on_step, keep_x0=keep_x0)
+                                  sigmas, cache, callback=on_step, keep_x0=keep_x0)
         finally:
             engine.close()
         elapsed = time.perf_counter() - start

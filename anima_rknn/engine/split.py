@@ -35,6 +35,7 @@ class SplitEngine:
         self.latent_size = latent_size  # (h, w) the backend's static shapes were made for, if any
         self.share_modulations = share_modulations
         self._modulations: tuple[float, list[torch.Tensor]] | None = None
+        self._run_modulations: dict[float, list[torch.Tensor]] = {}  # set by fix_run
         self.passes = 0
         self.subgraph_runs = 0
 
@@ -42,7 +43,23 @@ class SplitEngine:
         self.passes = 0
         self.subgraph_runs = 0
 
+    @torch.inference_mode()
+    def fix_run(self, sigmas: list[float], contexts: list[torch.Tensor]) -> None:
+        """For a run whose sigmas and prompts are known up front: compute every AdaLN modulation and, where
+        the backend keeps K/V (torch), every prompt's cross-attention K/V now, then free the weights that
+        made them (AdaLN 0.35 GB, K/V projections 0.23 GB of the full model in bf16). Results are unchanged."""
+        for sigma in sigmas:
+            emb, adaln_lora = self.dit.time_embedding(torch.tensor([float(sigma)]))
+            self._run_modulations[float(sigma)] = [block.modulation(emb, adaln_lora) for block in self.dit.blocks]
+        self.dit.release_block_adaln()
+        prepare_contexts = getattr(self.backend, "prepare_contexts", None)
+        if prepare_contexts is not None:
+            prepare_contexts([c.detach().float().contiguous().numpy() for c in contexts])
+            self.dit.release_context_projections()
+
     def _block_modulations(self, sigma: float, state: PassState) -> list[torch.Tensor]:
+        if sigma in self._run_modulations:
+            return self._run_modulations[sigma]
         if self.share_modulations and self._modulations is not None and self._modulations[0] == sigma:
             return self._modulations[1]
         mods = self.dit.modulations(state)
@@ -78,4 +95,5 @@ class SplitEngine:
 
     def close(self) -> None:
         self._modulations = None
+        self._run_modulations = {}
         self.backend.close()

@@ -207,18 +207,34 @@ class AnimaDiT(nn.Module):
         x = F.pad(x, (0, (-w) % p, 0, (-h) % p), mode="circular") if (h % p or w % p) else x
         grid = (x.shape[-2] // p, x.shape[-1] // p)
         x = torch.cat([x, torch.zeros_like(x[:, :1])], dim=1)  # the all-zero padding-mask channel
-        sinusoid = timestep_sinusoid(sigma.reshape(-1).expand(b), self.config.hidden)
+        emb, adaln_lora = self.time_embedding(sigma.reshape(-1).expand(b))
         return PassState(
             tokens=self.x_embedder(patchify(x, p)),
-            emb=self.t_embedding_norm(sinusoid),
-            adaln_lora=self.t_embedder(sinusoid),
+            emb=emb,
+            adaln_lora=adaln_lora,
             rope=rope_tables(self.config.head_dim, *grid),
             grid=grid,
             crop=(h, w),
         )
 
+    def time_embedding(self, sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B] sigma -> (RMS-normed sinusoid [B, D], AdaLN-LoRA term [B, 3D])."""
+        sinusoid = timestep_sinusoid(sigma, self.config.hidden)
+        return self.t_embedding_norm(sinusoid), self.t_embedder(sinusoid)
+
     def modulations(self, state: PassState) -> list[torch.Tensor]:
         return [block.modulation(state.emb, state.adaln_lora) for block in self.blocks]
+
+    def release_block_adaln(self) -> None:
+        """Drop the blocks' AdaLN weights once their outputs for every sigma of a run are known."""
+        for block in self.blocks:
+            for part in Block.PARTS:
+                setattr(block, f"adaln_modulation_{part}", None)
+
+    def release_context_projections(self) -> None:
+        """Drop the cross-attention K/V projections once the K/V of every prompt of a run are known."""
+        for block in self.blocks:
+            block.cross_attn.k_proj = block.cross_attn.v_proj = None
 
     def context_key_values(self, context: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         context = context.to(self.body_dtype)

@@ -18,6 +18,9 @@ ADAPTER_PREFIX = "llm_adapter."
 CONTEXT_TOKENS_KEY = "anima_rknn.context_tokens"
 IMAGE_SIZE_KEY = "anima_rknn.demo.image_size"  # written by train-demo: the one size that model knows
 _BODY = re.compile(r"blocks\.\d+\.(self_attn|cross_attn|mlp)\.")
+# Weights a fixed run can compute with once and then free (SplitEngine.fix_run): copied out of the file map,
+# since pages read through the map stay resident as long as any tensor of it lives.
+_RELEASABLE = re.compile(r"blocks\.\d+\.(adaln_modulation_|cross_attn\.[kv]_proj\.)")
 
 
 def _strip(name: str) -> str:
@@ -70,8 +73,11 @@ def load_dit(path: str | os.PathLike, dtype: torch.dtype = torch.float32, *,
     def target(name: str, stored: torch.dtype) -> torch.dtype:
         return dtype if _BODY.match(name) else stored if denoise_only else torch.float32
 
-    in_place = {k: v for k, v in _mapped(path).items() if k in expected and v.dtype == target(k, v.dtype)}
-    converted = {k: v.to(target(k, v.dtype)) for k, v in _mapped(path).items()
+    def usable_in_place(name: str, tensor: torch.Tensor) -> bool:
+        return tensor.dtype == target(name, tensor.dtype) and not (denoise_only and _RELEASABLE.match(name))
+
+    in_place = {k: v for k, v in _mapped(path).items() if k in expected and usable_in_place(k, v)}
+    converted = {k: v.to(target(k, v.dtype), copy=True) for k, v in _mapped(path).items()
                  if k in expected and k not in in_place}
     with torch.device("meta"):
         model = AnimaDiT(config)

@@ -174,3 +174,23 @@ def test_refusals(dit):
         make_engine(dit, "cuda", width=128, height=128)
     with pytest.raises(AnimaError, match="needs an exported subgraph folder"):
         make_engine(dit, "onnx", width=128, height=128)
+
+
+def test_a_fixed_run_gives_the_same_velocity_with_its_weights_freed(tmp_path):
+    """fix_run computes every AdaLN modulation and prompt K/V up front and frees those weights."""
+    path = tmp_path / "tiny.safetensors"
+    save_dit(random_dit(CONFIG, seed=4), path)
+    x = torch.randn(1, 16, 8, 8, generator=torch.Generator().manual_seed(1))
+    cond, uncond = contexts(1)
+    reference = make_engine(load_dit(path), "torch", width=64, height=64)
+    expected = [reference.velocity(x, s, c) for s in (1.0, 0.5) for c in (cond, uncond)]
+
+    lean = load_dit(path, denoise_only=True)
+    engine = make_engine(lean, "torch", width=64, height=64)
+    engine.fix_run([1.0, 0.5], [cond, uncond])
+    assert lean.blocks[0].adaln_modulation_mlp is None and lean.blocks[1].cross_attn.k_proj is None
+    got = [engine.velocity(x, s, c) for s in (1.0, 0.5) for c in (cond, uncond)]
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="not in it"):
+        engine.velocity(x, 1.0, cond + 1)

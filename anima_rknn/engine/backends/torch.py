@@ -30,10 +30,18 @@ class TorchBackend:
         self.max_contexts = max_contexts
         self._key_values: list[tuple[np.ndarray, KeyValues]] = []  # most recently computed first
 
+    def prepare_contexts(self, contexts: list[np.ndarray]) -> None:
+        """K/V of every prompt of a run, computed now (the engine then frees the projections)."""
+        self.cache_context_kv, self.max_contexts = True, max(self.max_contexts, len(contexts))
+        for context in contexts:
+            self._context_key_values(context)
+
     def _context_key_values(self, context: np.ndarray) -> KeyValues:
         for seen, key_values in self._key_values:
             if seen.shape == context.shape and np.array_equal(seen, context):
                 return key_values
+        if self.dit.blocks[0].cross_attn.k_proj is None:
+            raise RuntimeError("cross-attention projections were freed for a fixed run; this prompt was not in it")
         key_values = self.dit.context_key_values(torch.from_numpy(context))
         self._key_values = [(context.copy(), key_values), *self._key_values][: self.max_contexts]
         return key_values
