@@ -1,11 +1,6 @@
 import pytest
-import torch
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a busy shared CPU torch's spinning threads cost 5x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread_for_every_bench_test(one_thread):
     yield
-    torch.set_num_threads(threads)

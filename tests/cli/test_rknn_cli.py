@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,23 +21,6 @@ from anima_rknn.files import sha256_file
 HAS_TOOLKIT = importlib.util.find_spec("rknn") is not None
 needs_toolkit = pytest.mark.skipif(not HAS_TOOLKIT, reason="rknn-toolkit2 lives in .venv-rknn")
 SIZE = ("--width", "64", "--height", "64")
-
-
-@pytest.fixture(scope="module")
-def onnx_dir(tiny_set, tmp_path_factory) -> Path:
-    pytest.importorskip("rknn.api")
-    from anima_rknn.export.onnx import export_subgraphs
-
-    folder = tmp_path_factory.mktemp("onnx")
-    export_subgraphs(tiny_set.dit, 64, 64, folder, progress=False, overwrite=True)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def converted(onnx_dir, tmp_path_factory) -> Path:
-    from anima_rknn.export.rknn import convert_subgraphs
-
-    return convert_subgraphs(onnx_dir, tmp_path_factory.mktemp("rknn"), progress=False).parent
 
 
 @pytest.mark.skipif(HAS_TOOLKIT, reason="checks the message shown where the toolkit is missing")
@@ -75,9 +57,9 @@ def test_agreement_measures_cosine_and_error_relative_to_the_reference_scale():
 
 
 @needs_toolkit
-def test_convert_shows_progress_and_resumes(run_cli, onnx_dir, tmp_path):
+def test_convert_shows_progress_and_resumes(run_cli, tiny_onnx_set, tmp_path):
     out = tmp_path / "rknn"
-    result = run_cli("convert-rknn", "--subgraphs", onnx_dir, "--out", out)
+    result = run_cli("convert-rknn", "--subgraphs", tiny_onnx_set, "--out", out)
     assert result.code == 0, result.err
     assert "converted 6 subgraphs for rk3588" in result.out
     assert "rknn convert" in result.err and "6/6" in result.err  # the progress bar, on stderr
@@ -85,14 +67,14 @@ def test_convert_shows_progress_and_resumes(run_cli, onnx_dir, tmp_path):
     assert sorted(r["rknn_file"] for r in manifest["rknn"]["subgraphs"]) == sorted(p.name for p in out.glob("*.rknn"))
     before = {p.name: p.stat().st_mtime_ns for p in out.glob("*.rknn")}
     (out / "b01_mlp.rknn").unlink()
-    assert run_cli("convert-rknn", "--subgraphs", onnx_dir, "--out", out).code == 0
+    assert run_cli("convert-rknn", "--subgraphs", tiny_onnx_set, "--out", out).code == 0
     after = {p.name: p.stat().st_mtime_ns for p in out.glob("*.rknn")}
     assert [name for name in after if after[name] != before.get(name)] == ["b01_mlp.rknn"]
 
 
 @needs_toolkit
-def test_verify_reports_every_subgraph_close_to_fp32_torch(run_cli, model_dir, converted):
-    result = run_cli("verify-rknn", "--model", model_dir, "--subgraphs", converted, "--runtime", "simulator", "--json")
+def test_verify_reports_every_subgraph_close_to_fp32_torch(run_cli, model_dir, tiny_rknn_set):
+    result = run_cli("verify-rknn", "--model", model_dir, "--subgraphs", tiny_rknn_set, "--runtime", "simulator", "--json")
     assert result.code == 0, result.err
     report = json.loads(result.out)
     assert [r["file"] for r in report["subgraphs"]] == [
@@ -106,14 +88,14 @@ def test_verify_reports_every_subgraph_close_to_fp32_torch(run_cli, model_dir, c
 
 
 @needs_toolkit
-def test_verify_flags_swapped_subgraphs_and_exits_1(run_cli, model_dir, onnx_dir, converted, tmp_path):
+def test_verify_flags_swapped_subgraphs_and_exits_1(run_cli, model_dir, tiny_onnx_set, tiny_rknn_set, tmp_path):
     # The simulator builds each context from the ONNX source: swap the two MLPs there (hashes made to match),
     # as a converter that mixed up files would. Each then runs the other block's weights.
     source, rknn = tmp_path / "onnx", tmp_path / "rknn"
-    shutil.copytree(onnx_dir, source)
-    shutil.copytree(converted, rknn)
-    (source / "b00_mlp.onnx").write_bytes((onnx_dir / "b01_mlp.onnx").read_bytes())
-    (source / "b01_mlp.onnx").write_bytes((onnx_dir / "b00_mlp.onnx").read_bytes())
+    shutil.copytree(tiny_onnx_set, source)
+    shutil.copytree(tiny_rknn_set, rknn)
+    (source / "b00_mlp.onnx").write_bytes((tiny_onnx_set / "b01_mlp.onnx").read_bytes())
+    (source / "b01_mlp.onnx").write_bytes((tiny_onnx_set / "b00_mlp.onnx").read_bytes())
     manifest = json.loads((rknn / "manifest.json").read_text())
     manifest["rknn"]["source_dir"] = str(source)
     for entry in manifest["subgraphs"]:
@@ -128,12 +110,12 @@ def test_verify_flags_swapped_subgraphs_and_exits_1(run_cli, model_dir, onnx_dir
 
 
 @needs_toolkit
-def test_generate_on_the_simulator_computes_the_same_steps_as_torch(run_cli, model_dir, converted, tmp_path):
+def test_generate_on_the_simulator_computes_the_same_steps_as_torch(run_cli, model_dir, tiny_rknn_set, tmp_path):
     reports, images = {}, {}
     for backend in ("torch", "rknn"):
         out = tmp_path / f"{backend}.png"
         result = run_cli("generate", "--model", model_dir, "-p", "a red circle", *SIZE, "--cache", "spectrum",
-                         "--backend", backend, "--subgraphs", converted, "--rknn-runtime", "simulator",
+                         "--backend", backend, "--subgraphs", tiny_rknn_set, "--rknn-runtime", "simulator",
                          "--rknn-budget", "2GiB", "-o", out, "--json")
         assert result.code == 0, result.err
         reports[backend] = json.loads(result.out)
@@ -149,8 +131,8 @@ def test_generate_on_the_simulator_computes_the_same_steps_as_torch(run_cli, mod
 
 
 @needs_toolkit
-def test_generate_refuses_a_set_for_another_resolution(run_cli, model_dir, converted, tmp_path):
+def test_generate_refuses_a_set_for_another_resolution(run_cli, model_dir, tiny_rknn_set, tmp_path):
     result = run_cli("generate", "--model", model_dir, "-p", "cat", "--width", "128", "--height", "128",
-                     "--steps", "2", "--backend", "rknn", "--subgraphs", converted, "--rknn-runtime", "simulator",
+                     "--steps", "2", "--backend", "rknn", "--subgraphs", tiny_rknn_set, "--rknn-runtime", "simulator",
                      "-o", tmp_path / "x.png")
     assert result.code == 1 and "exported for 64x64, asked for 128x128" in result.err

@@ -16,13 +16,7 @@ from anima_rknn.model.io import load_dit, random_dit, save_dit
 CONFIG = PRESETS["tiny"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: thread hand-offs cost more than they save, and the test machine is shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: thread hand-offs cost more than they save
 
 
 @pytest.fixture(scope="module")

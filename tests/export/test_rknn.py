@@ -17,22 +17,6 @@ HAS_TOOLKIT = importlib.util.find_spec("rknn") is not None
 needs_toolkit = pytest.mark.skipif(not HAS_TOOLKIT, reason="rknn-toolkit2 lives in .venv-rknn")
 
 
-@pytest.fixture(scope="module")
-def onnx_dir(tiny_set, tmp_path_factory) -> Path:
-    """The real exporter's subgraphs of the tiny model set at 64x64."""
-    pytest.importorskip("rknn.api")
-    from anima_rknn.export.onnx import export_subgraphs
-
-    folder = tmp_path_factory.mktemp("onnx")
-    export_subgraphs(tiny_set.dit, 64, 64, folder, progress=False, overwrite=True)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def converted(onnx_dir, tmp_path_factory) -> Path:
-    return convert_subgraphs(onnx_dir, tmp_path_factory.mktemp("rknn"), progress=False).parent
-
-
 @pytest.mark.skipif(HAS_TOOLKIT, reason="checks the message shown where the toolkit is missing")
 def test_missing_toolkit_is_one_clear_line(tmp_path):
     with pytest.raises(AnimaError) as raised:
@@ -41,33 +25,33 @@ def test_missing_toolkit_is_one_clear_line(tmp_path):
 
 
 @needs_toolkit
-def test_manifest_extends_the_source_and_describes_every_file(onnx_dir, converted):
-    source = json.loads((onnx_dir / "manifest.json").read_text())
-    manifest = json.loads((converted / "manifest.json").read_text())
+def test_manifest_extends_the_source_and_describes_every_file(tiny_onnx_set, tiny_rknn_set):
+    source = json.loads((tiny_onnx_set / "manifest.json").read_text())
+    manifest = json.loads((tiny_rknn_set / "manifest.json").read_text())
     assert {key: manifest[key] for key in source} == source  # existing keys untouched
     rknn = manifest["rknn"]
     assert rknn["toolkit_version"] == "2.5.0" and rknn["target"] == "rk3588"
-    assert rknn["source_sha256"] == sha256_file(onnx_dir / "manifest.json")
+    assert rknn["source_sha256"] == sha256_file(tiny_onnx_set / "manifest.json")
     assert [r["rknn_file"] for r in rknn["subgraphs"]] == [
         Path(e["file"]).with_suffix(".rknn").name for e in source["subgraphs"]]
     for record in rknn["subgraphs"]:
-        path = converted / record["rknn_file"]
+        path = tiny_rknn_set / record["rknn_file"]
         assert record["rknn_sha256"] == sha256_file(path) and record["rknn_bytes"] == path.stat().st_size
         assert record["convert_s"] > 0 and record["internal_bytes"] > 0 and record["weight_bytes"] > 0
-    assert not list(converted.glob(".*.part"))
+    assert not list(tiny_rknn_set.glob(".*.part"))
 
 
 @needs_toolkit
-def test_interrupted_conversion_redoes_only_the_missing_file(onnx_dir, converted, tmp_path, monkeypatch):
+def test_interrupted_conversion_redoes_only_the_missing_file(tiny_onnx_set, tiny_rknn_set, tmp_path, monkeypatch):
     workdir = tmp_path / "cwd"
     workdir.mkdir()
     monkeypatch.chdir(workdir)  # verbose builds dump debug ONNX files into the working folder unless kept away
     out = tmp_path / "rknn"
-    shutil.copytree(converted, out)
+    shutil.copytree(tiny_rknn_set, out)
     before = {p.name: p.stat().st_mtime_ns for p in out.glob("*.rknn")}
     (out / "b01_cross_attn.rknn").unlink()
     (out / ".b01_cross_attn.rknn.x1y2z3.part").write_bytes(b"half a model")  # what a killed run leaves
-    convert_subgraphs(onnx_dir, out, progress=False)
+    convert_subgraphs(tiny_onnx_set, out, progress=False)
     after = {p.name: p.stat().st_mtime_ns for p in out.glob("*.rknn")}
     assert after.keys() == before.keys()
     assert [name for name in after if after[name] != before[name]] == ["b01_cross_attn.rknn"]
@@ -78,9 +62,9 @@ def test_interrupted_conversion_redoes_only_the_missing_file(onnx_dir, converted
 
 
 @needs_toolkit
-def test_a_changed_onnx_file_is_refused_by_name(onnx_dir, tmp_path):
+def test_a_changed_onnx_file_is_refused_by_name(tiny_onnx_set, tmp_path):
     source = tmp_path / "onnx"
-    shutil.copytree(onnx_dir, source)
+    shutil.copytree(tiny_onnx_set, source)
     with open(source / "b00_mlp.onnx", "ab") as f:
         f.write(b"\0")
     with pytest.raises(AnimaError, match="b00_mlp.onnx is corrupt"):
@@ -89,15 +73,15 @@ def test_a_changed_onnx_file_is_refused_by_name(onnx_dir, tmp_path):
 
 
 @needs_toolkit
-def test_converting_into_the_source_folder_is_refused(onnx_dir):
+def test_converting_into_the_source_folder_is_refused(tiny_onnx_set):
     with pytest.raises(AnimaError, match="other than"):
-        convert_subgraphs(onnx_dir, onnx_dir, progress=False)
+        convert_subgraphs(tiny_onnx_set, tiny_onnx_set, progress=False)
 
 
 @needs_toolkit
-def test_a_toolkit_failure_is_one_line_naming_the_file_and_leaves_no_partial_output(onnx_dir, tmp_path):
+def test_a_toolkit_failure_is_one_line_naming_the_file_and_leaves_no_partial_output(tiny_onnx_set, tmp_path):
     source = tmp_path / "onnx"
-    shutil.copytree(onnx_dir, source)
+    shutil.copytree(tiny_onnx_set, source)
     (source / "b00_cross_attn.onnx").write_bytes(b"not an onnx model")
     manifest = json.loads((source / "manifest.json").read_text())
     manifest["subgraphs"][1]["sha256"] = sha256_file(source / "b00_cross_attn.onnx")  # consistent, but unbuildable
