@@ -4,7 +4,13 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
 [ -x "$venv/bin/python" ] || "${PYTHON:-python3.11}" -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-"$venv/bin/python" -m pip install --quiet torch==2.13.0 -e "$root[test]" 2>&1 | grep -v "^WARNING: Location" || true
+# pip's output goes to a log that is shown only when the install fails.
+if ! { "$venv/bin/python" -m pip install --quiet --upgrade pip &&
+       "$venv/bin/python" -m pip install --quiet torch==2.13.0 -e "$root[test]"; } >"$log" 2>&1; then
+  grep -v "^WARNING: Location" "$log" >&2
+  exit 1
+fi
 "$venv/bin/python" -c "import anima_rknn, torch; print('anima-rknn ready: torch', torch.__version__)"
