@@ -129,7 +129,7 @@ class AnimaPipeline:
     def __init__(self, files: ModelFiles, keep_dit: bool = False) -> None:
         self.files = files
         # Header-only checks of all three files, so a bad file fails now and not after minutes of work.
-        self.dit_config = read_dit_config(files.dit)
+        read_dit_config(files.dit)
         qwen3_config_from_shapes(read_shapes(files.text_encoder, "text encoder"))
         read_vae_config(files.vae)
         self.tokenizer = PromptTokenizer.from_dirs(files.qwen_tokenizer, files.t5_tokenizer)
