@@ -6,10 +6,7 @@ The CLI and the bench both drive this object; nothing here prints.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import dataclasses
-import gc
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,9 +15,10 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .checkpoint import read_shapes
 from .engine import RknnOptions, make_engine
 from .errors import AnimaError
-from .checkpoint import read_shapes
+from .memory import return_freed_memory
 from .model.io import load_dit, load_llm_adapter, read_dit_config
 from .model_set import ModelFiles
 from .sampling.caches import make_cache
@@ -106,25 +104,6 @@ def initial_noise(seed: int, width: int, height: int, channels: int = 16) -> np.
     return torch.randn((1, channels, height // 8, width // 8), generator=generator).numpy()
 
 
-def _libc_malloc_trim() -> Callable[[int], int] | None:
-    libc = ctypes.util.find_library("c")
-    return getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
-
-
-_MALLOC_TRIM = _libc_malloc_trim()
-
-
-def _return_freed_memory() -> None:
-    """Give the memory of a finished stage back to the OS before the next stage loads.
-
-    glibc keeps freed heap blocks (a stage's many mid-sized tensors) for reuse and they still count as
-    resident; without this, the text encoder's ~2 GB would sit beside the DiT.
-    """
-    gc.collect()
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
-
-
 class AnimaPipeline:
     def __init__(self, files: ModelFiles, keep_dit: bool = False) -> None:
         self.files = files
@@ -157,13 +136,13 @@ class AnimaPipeline:
         with torch.no_grad():
             states = [encoder.encode(t.qwen_ids) for t in tokens]
         del encoder  # freed here, before the adapter loads (passing it to a helper could not free it)
-        _return_freed_memory()
+        return_freed_memory()
         adapter = self._load_dit(dtype).llm_adapter if self.keep_dit else load_llm_adapter(self.files.dit)
         with torch.no_grad():
             contexts = [adapter.condition(s, torch.tensor([t.t5_ids]), torch.tensor([t.t5_weights]))
                         for s, t in zip(states, tokens)]
         del adapter
-        _return_freed_memory()
+        return_freed_memory()
         return Conditioning(contexts[0], contexts[1], time.perf_counter() - start)
 
     def denoise(self, conditioning: Conditioning, params: GenerationParams, *, keep_x0: bool = False,
@@ -189,7 +168,7 @@ class AnimaPipeline:
         try:
             if not self.keep_dit:  # a one-off run: its sigmas and prompts are fixed, free what only they need
                 engine.fix_run(list(sigmas[:-1]), [conditioning.positive, conditioning.negative][: 1 + (cfg != 1.0)])
-                _return_freed_memory()
+                return_freed_memory()
             sample = sample_euler(denoise, initial_noise(params.seed, params.width, params.height),
                                   sigmas, cache, callback=on_step, keep_x0=keep_x0)
         finally:
@@ -197,7 +176,7 @@ class AnimaPipeline:
         elapsed = time.perf_counter() - start
         passes, subgraph_runs = engine.passes, engine.subgraph_runs
         del dit, engine, denoise  # the step function holds the engine too
-        _return_freed_memory()
+        return_freed_memory()
         return Denoised(sample, passes, subgraph_runs, elapsed)
 
     def decode(self, latent: np.ndarray, tile: int | None = None, overlap: int = 64) -> tuple[Image.Image, float]:
@@ -207,7 +186,7 @@ class AnimaPipeline:
         with torch.no_grad():
             pixels = vae.decode(z) if tile is None else decode_tiled(vae, z, tile, overlap)
         del vae
-        _return_freed_memory()
+        return_freed_memory()
         array = (pixels[0].permute(1, 2, 0).clamp(0, 1).numpy() * 255).round().astype(np.uint8)
         return Image.fromarray(array), time.perf_counter() - start
 

@@ -15,10 +15,10 @@ import argparse
 import json
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
+from anima_rknn.memory import peak_rss, status_bytes
 from anima_rknn.model.io import load_dit
 from anima_rknn.model_set import from_model_dir
 from anima_rknn.pipeline import DTYPES, AnimaPipeline, GenerationParams
@@ -28,19 +28,14 @@ from anima_rknn.vae import load_vae
 GIB = 1024**3
 
 
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def peak_rss(run: Callable[[], object]) -> tuple[object, int, int]:
+def measured(run: Callable[[], object]) -> tuple[object, int, int]:
     """Run `run` with the peak-RSS counter reset first; return its result, the RSS before it and the peak."""
-    Path("/proc/self/clear_refs").write_text("5")
-    before = _status_kib("VmRSS") * 1024
-    result = run()
-    return result, before, _status_kib("VmHWM") * 1024
+    before = status_bytes("VmRSS")
+    with peak_rss() as peak:
+        result = run()
+    if before is None or peak.bytes is None:
+        raise SystemExit("needs Linux: /proc/self/status and a resettable VmHWM (/proc/self/clear_refs)")
+    return result, before, peak.bytes
 
 
 def held_bytes(module: torch.nn.Module) -> int:
@@ -63,12 +58,12 @@ def main() -> None:
     files = from_model_dir(args.model)
     params = GenerationParams(prompt="1girl, smile, looking at viewer, red hair", width=args.width,
                               height=args.height, steps=args.steps, dtype=args.dtype)
-    baseline = _status_kib("VmRSS") * 1024
-    pipe, setup_start, setup_peak = peak_rss(lambda: AnimaPipeline(files))
-    conditioning, encode_start, encode_peak = peak_rss(
+    baseline = status_bytes("VmRSS")
+    pipe, setup_start, setup_peak = measured(lambda: AnimaPipeline(files))
+    conditioning, encode_start, encode_peak = measured(
         lambda: pipe.encode(params.prompt, params.negative, params.dtype))
-    denoised, denoise_start, denoise_peak = peak_rss(lambda: pipe.denoise(conditioning, params))
-    _, decode_start, decode_peak = peak_rss(lambda: pipe.decode(denoised.sample.latent))
+    denoised, denoise_start, denoise_peak = measured(lambda: pipe.denoise(conditioning, params))
+    _, decode_start, decode_peak = measured(lambda: pipe.decode(denoised.sample.latent))
     generation_peak = max(setup_peak, encode_peak, denoise_peak, decode_peak)
 
     # What each stage's models hold once loaded, measured after the generation so it cannot affect its peaks.

@@ -1,22 +1,13 @@
-"""How far a cached run lands from the baseline (images, latents, x0 trajectories), and how much memory a run
-takes at its peak."""
+"""How far a cached run lands from the baseline: images, latents, x0 trajectories."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import gc
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from PIL import Image
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
-
-_STATUS = Path("/proc/self/status")
-_CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
 def _pixels(image: Image.Image | np.ndarray) -> np.ndarray:
@@ -66,46 +57,3 @@ def x0_distances(reference: Sequence[np.ndarray], other: Sequence[np.ndarray]) -
     if len(reference) != len(other):
         raise ValueError(f"x0 histories differ in length: {len(reference)} vs {len(other)}")
     return [relative_l2(a, b) for a, b in zip(reference, other)]
-
-
-def _vm_hwm_bytes() -> int | None:
-    try:
-        for line in _STATUS.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024  # the kernel writes kB
-    except OSError:
-        pass
-    return None
-
-
-def _release_free_memory() -> None:
-    """Hand freed heap back to the OS so one run's leftovers don't count as the next run's peak."""
-    gc.collect()
-    libc_name = ctypes.util.find_library("c")
-    if libc_name:
-        libc = ctypes.CDLL(libc_name)
-        if hasattr(libc, "malloc_trim"):  # glibc only
-            libc.malloc_trim(0)
-
-
-@dataclass
-class PeakRSS:
-    """Peak resident set size over a `with` block, in bytes; None where the kernel can't reset the mark."""
-
-    bytes: int | None = None
-
-
-@contextmanager
-def peak_rss() -> Iterator[PeakRSS]:
-    """Linux: writing "5" to /proc/self/clear_refs resets VmHWM to the current RSS, so the VmHWM read after
-    the block is this block's peak (memory already resident when it starts counts too)."""
-    result = PeakRSS()
-    _release_free_memory()
-    try:
-        _CLEAR_REFS.write_text("5")
-        resettable = True
-    except OSError:
-        resettable = False
-    yield result
-    if resettable:
-        result.bytes = _vm_hwm_bytes()

@@ -13,7 +13,7 @@ from ..errors import AnimaError
 from ..pipeline import AnimaPipeline, Conditioning, Denoised, GenerationParams
 from ..sampling.caches import CACHE_NAMES, make_cache
 from ..sampling.euler import StepCallback
-from .metrics import peak_rss
+from ..memory import peak_rss
 
 BASELINE = "baseline"
 # on_run(seed, side, repeat): called before each run; side is "baseline" or a cache name, repeat is 0-based.
