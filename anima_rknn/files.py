@@ -37,6 +37,21 @@ def atomic_path(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Pat
         tmp.unlink(missing_ok=True)
 
 
+def output_folder(folder: str | os.PathLike, overwrite: bool, holds: str) -> Path:
+    """`folder`, created if needed, for an output that must not mix with an earlier one unasked: a file in its
+    place is refused, and so is a non-empty folder (described by `holds`) unless `overwrite`."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise AnimaError(f"{folder} is a file, not a folder")
+    if folder.is_dir() and any(folder.iterdir()) and not overwrite:
+        raise AnimaError(f"{folder} is not empty (it holds {holds}); pass --overwrite to replace it")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise AnimaError(f"cannot create folder {folder}: {e.strerror}") from None
+    return folder
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from .errors import AnimaError
+from .files import output_folder
 from .model.config import PRESETS
 from .model.io import random_dit, save_dit
 from .model_set import LAYOUT, ModelFiles, from_model_dir
@@ -47,8 +48,7 @@ def write_model_set(out: Path, preset: str = "tiny", tokenizers: Path | None = N
     if preset not in PRESETS:
         raise AnimaError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise AnimaError(f"{out} is not empty; pass --overwrite to replace the model set in it")
+    output_folder(out, overwrite, "a model set" if (out / "split_files").exists() else "other files")
     qwen_dir, t5_dir = out / LAYOUT["qwen_tokenizer"], out / LAYOUT["t5_tokenizer"]
     for d in (qwen_dir, t5_dir, out / LAYOUT["dit"], out / LAYOUT["text_encoder"], out / LAYOUT["vae"]):
         d.mkdir(parents=True, exist_ok=True)

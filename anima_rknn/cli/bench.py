@@ -10,6 +10,7 @@ from tqdm import tqdm
 
 from ..bench import DEFAULT_MIN_PSNR
 from ..errors import AnimaError
+from ..files import output_folder
 from ..model_set import resolve
 from ..pipeline import AnimaPipeline, GenerationParams, GenerationResult
 from . import cli
@@ -29,18 +30,6 @@ def bench_modules() -> tuple[ModuleType, ModuleType, ModuleType]:
     except ModuleNotFoundError as e:
         raise AnimaError(f"bench needs {e.name}: pip install 'anima-rknn[bench]'") from None
     return run, report, figures
-
-
-def check_out_dir(out: Path, overwrite: bool) -> None:
-    """Fail before any work is done, not after minutes of denoising."""
-    if out.exists() and not out.is_dir():
-        raise AnimaError(f"--out {out} is a file, not a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise AnimaError(f"--out folder {out} is not empty; pass --overwrite to write into it anyway")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise AnimaError(f"cannot create --out folder {out}: {e.strerror}") from None
 
 
 def save_images(result: BenchResult, out: Path, model_name: str) -> None:
@@ -97,7 +86,7 @@ def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, n
                               vae_tile=vae_tile(vae_tiling, vae_tile_size), vae_overlap=vae_tile_overlap)
     run_module.policy_params(params, cache_names, options)  # bad options fail here, before the folder is made
     out_dir = Path(out)
-    check_out_dir(out_dir, overwrite)
+    output_folder(out_dir, overwrite, "a bench report" if (out_dir / "report.json").exists() else "other files")
     pipeline = AnimaPipeline(files, keep_dit=True)
 
     total_steps = len(seed_list) * repeat * (1 + len(cache_names)) * steps

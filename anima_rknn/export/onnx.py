@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from ..engine.backends.base import SUBGRAPH_KINDS, subgraph_name
 from ..errors import AnimaError
-from ..files import atomic_path, sha256_file
+from ..files import atomic_path, output_folder, sha256_file
 from ..model.config import DiTConfig
 from ..model.io import load_dit
 from .manifest import MANIFEST, SUBGRAPHS_FORMAT, cached_sha256, check_file, check_set, read_manifest
@@ -77,18 +77,13 @@ def _export_graph(module: torch.nn.Module, shapes: dict[str, list[int]], dtype: 
 
 
 def _prepare_out_dir(out_dir: Path, overwrite: bool) -> None:
-    if out_dir.exists() and not out_dir.is_dir():
-        raise AnimaError(f"{out_dir} is a file, not a folder")
-    if out_dir.is_dir() and any(out_dir.iterdir()):
-        if not overwrite:
-            what = "a subgraph set" if (out_dir / MANIFEST).exists() else "other files"
-            raise AnimaError(f"{out_dir} is not empty (it holds {what}); pass --overwrite to replace it")
-        # Manifest first: a half-replaced folder must never look like a complete set.
-        (out_dir / MANIFEST).unlink(missing_ok=True)
-        for stale in out_dir.iterdir():
-            if _SUBGRAPH_FILE.fullmatch(stale.name):
-                stale.unlink()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    holds = "a subgraph set" if (out_dir / MANIFEST).exists() else "other files"
+    output_folder(out_dir, overwrite, holds)
+    # Manifest first: a half-replaced folder must never look like a complete set.
+    (out_dir / MANIFEST).unlink(missing_ok=True)
+    for stale in out_dir.iterdir():
+        if _SUBGRAPH_FILE.fullmatch(stale.name):
+            stale.unlink()
 
 
 def export_subgraphs(dit_path: Path, width: int, height: int, out_dir: Path, dtype: str = "float32",

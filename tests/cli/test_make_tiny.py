@@ -1,7 +1,11 @@
 """`anima-rknn make-tiny` writes a set that loads through the same code as the real model."""
 
+import pytest
+
 from anima_rknn.checkpoint import read_shapes
+from anima_rknn.errors import AnimaError
 from anima_rknn.model_set import from_model_dir
+from anima_rknn.tiny_set import write_model_set
 
 
 def test_make_tiny_writes_the_layout(run_cli, tmp_path):
@@ -24,3 +28,13 @@ def test_make_tiny_with_the_real_tokenizers(run_cli, tmp_path, shared_tokenizers
     result = run_cli("generate", "--model", out, "-p", "1girl, (smile:1.2)", "-W", "64", "-H", "64",
                      "--steps", "2", "-o", tmp_path / "x.png")
     assert result.code == 0, result.err
+
+
+def test_make_tiny_into_a_file_is_refused_and_the_file_kept(run_cli, tmp_path):
+    target = tmp_path / "taken"
+    target.write_text("not a folder")
+    result = run_cli("make-tiny", "--out", target)
+    assert result.code == 2 and "is a file" in result.err and "Traceback" not in result.err
+    with pytest.raises(AnimaError, match="is a file, not a folder"):
+        write_model_set(target)
+    assert target.read_text() == "not a folder"
