@@ -76,5 +76,5 @@ def check_shapes(found: Mapping[str, Sequence[int]], expected: Mapping[str, Sequ
 
 def save_tensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike,
                  metadata: Mapping[str, str] | None = None) -> None:
-    with atomic_path(path) as tmp:
+    with atomic_path(path, overwrite=True) as tmp:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=dict(metadata or {}))

@@ -1,5 +1,13 @@
-"""The one exception type the CLI turns into a single line and a non-zero exit."""
+"""The exceptions the CLI turns into a single line and a non-zero exit."""
 
 
 class AnimaError(Exception):
     """A problem the user can fix (bad file, bad option); its message is the whole story."""
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived: unwind like Ctrl-C, so that every temporary file is removed on the way out."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum

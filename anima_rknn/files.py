@@ -1,54 +1,164 @@
-"""Writing files so that a crash or a bad input never leaves a half-written output behind."""
+"""The one output module: every file the project writes goes through here, under one set of rules.
+
+1. Nothing is half-written: data goes to a temporary file beside the target and is published whole.
+2. An existing file is replaced only when the caller says so (`overwrite`), and that is checked at the
+   moment of publishing, not only at the start: a file that appears during a 25-minute run stays, and of two
+   runs racing to one path without `overwrite` exactly one succeeds.
+3. Temporaries never outlive an exception, Ctrl-C or SIGTERM (the CLI turns SIGTERM into an exception).
+4. Names are checked before any work starts: suffix, length (with the temporary's longer name), folder.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import json
+import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from .errors import AnimaError
 
+# mkstemp's temporary is "." + name + "." + 8 random characters + ".part"
+_TEMP_PREFIX, _TEMP_SUFFIX = ".", ".part"
+_TEMP_EXTRA = len(_TEMP_PREFIX) + 1 + 8 + len(_TEMP_SUFFIX)
+# File systems that cannot hard-link (FAT on SD cards and USB sticks) answer with one of these.
+_NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
+
+
+def _folder_of(path: Path) -> Path:
+    return path.parent if str(path.parent) else Path(".")
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def check_name(path: str | os.PathLike) -> Path:
+    """Refuse a name the file system would refuse once the work is done: too long for its temporary, or
+    not representable (invalid UTF-8 arguments arrive as lone surrogates)."""
+    path = Path(path)
+    try:
+        name = os.fsencode(path.name)
+        os.fsencode(str(path))
+    except UnicodeError:
+        raise AnimaError(f"the output name {path.name!r} is not valid text for this file system") from None
+    limit = _name_max(_folder_of(path)) if _folder_of(path).is_dir() else 255
+    if len(name) + _TEMP_EXTRA > limit:
+        raise AnimaError(f"the output name {path.name[:40]}... is {len(name)} bytes long; "
+                         f"at most {limit - _TEMP_EXTRA} fit this file system")
+    if len(os.fsencode(str(path.absolute()))) + _TEMP_EXTRA >= 4096:
+        raise AnimaError(f"the output path {str(path)[:60]}... is too long")
+    return path
+
+
+def check_output_file(path: str | os.PathLike, *, overwrite: bool, suffixes: Iterable[str]) -> Path:
+    """Everything that can be known about writing `path` before the work starts."""
+    path = check_name(path)
+    suffixes = tuple(suffixes)
+    if path.suffix.lower() not in suffixes:
+        raise AnimaError(f"the output must be a {' or '.join(suffixes)} file, got {path}")
+    if path.is_dir():
+        raise AnimaError(f"{path} is a folder, not a file")
+    if path.exists() and not overwrite:
+        raise AnimaError(f"{path} exists; pass --overwrite to replace it")
+    if path.exists() and not path.is_file():
+        raise AnimaError(f"{path} exists and is not a regular file; it is not replaced")
+    folder = _folder_of(path)
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise AnimaError(f"cannot write {path}: folder {folder} does not exist or is not writable")
+    return path
+
+
+def _publish(tmp: Path, target: Path, overwrite: bool) -> None:
+    if overwrite:
+        os.replace(tmp, target)
+        return
+    appeared = AnimaError(f"{target} appeared while this run was working; it was not replaced "
+                          "(pass --overwrite to replace it)")
+    try:
+        os.link(tmp, target)  # fails if target exists: nothing is ever replaced
+    except FileExistsError:
+        raise appeared from None
+    except OSError as e:
+        if e.errno not in _NO_HARD_LINKS:
+            raise
+        # No hard links here: claim the name exclusively first, then move the finished file onto the claim.
+        try:
+            os.close(os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        except FileExistsError:
+            raise appeared from None
+        try:
+            os.replace(tmp, target)
+        except BaseException:
+            target.unlink(missing_ok=True)
+            raise
+
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
-    target = Path(path)
+def atomic_path(path: str | os.PathLike, *, overwrite: bool) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; publish it as `path` only if the block succeeds.
+
+    Without `overwrite` an existing `path` is never replaced, even one that appears while the block runs.
+    A write error (disk full, file too large, read-only file system) becomes one AnimaError line.
+    """
+    target = check_name(path)
+    if target.is_dir():
+        raise AnimaError(f"{target} is a folder, not a file")
     if target.exists() and not overwrite:
         raise AnimaError(f"{target} exists; pass --overwrite to replace it")
-    if target.is_dir():
-        raise AnimaError(f"{target} is a directory, not a file")
-    parent = target.parent if str(target.parent) else Path(".")
-    if not parent.is_dir():
-        raise AnimaError(f"cannot write {target}: folder {parent} does not exist")
+    folder = _folder_of(target)
+    if not folder.is_dir():
+        raise AnimaError(f"cannot write {target}: folder {folder} does not exist")
+    tmp: Path | None = None
     try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=parent)
-    except OSError as e:
-        raise AnimaError(f"cannot write {target}: {e.strerror}") from None
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{target.name}.", suffix=_TEMP_SUFFIX, dir=folder)
+        tmp = Path(tmp_name)
+        os.close(fd)
         yield tmp
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
-        os.replace(tmp, target)
+        _publish(tmp, target, overwrite)
+    except OSError as e:
+        raise AnimaError(f"cannot write {target}: {e.strerror or e}") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
 
 
-def output_folder(folder: str | os.PathLike, overwrite: bool, holds: str) -> Path:
-    """`folder`, created if needed, for an output that must not mix with an earlier one unasked: a file in its
-    place is refused, and so is a non-empty folder (described by `holds`) unless `overwrite`."""
+def is_temporary(path: Path) -> bool:
+    """A temporary of atomic_path (left only by a process killed with SIGKILL or a power cut)."""
+    return path.name.startswith(_TEMP_PREFIX) and path.name.endswith(_TEMP_SUFFIX)
+
+
+def output_folder(folder: str | os.PathLike, *, overwrite: bool, holds: str, resumable: str | None = None,
+                  names: Iterable[str] = ()) -> Path:
+    """`folder`, created if needed, for an output that must not mix with an earlier one unasked.
+
+    A file in its place is refused, and so is a non-empty folder (described by `holds`) unless `overwrite`,
+    or unless it holds `resumable`, the marker file of this command's own interrupted work. `names` are the
+    files the command will create there, checked now rather than after the work.
+    """
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise AnimaError(f"{folder} is a file, not a folder")
-    if folder.is_dir() and any(folder.iterdir()) and not overwrite:
+    own_work = resumable is not None and (folder / resumable).is_file() and not (folder / resumable).is_symlink()
+    if folder.is_dir() and not overwrite and not own_work and any(folder.iterdir()):
         raise AnimaError(f"{folder} is not empty (it holds {holds}); pass --overwrite to replace it")
+    for name in names:
+        check_name(folder / name)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise AnimaError(f"cannot create folder {folder}: {e.strerror}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise AnimaError(f"cannot write into folder {folder}")
     return folder
 
 
@@ -56,6 +166,38 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def finite_json(value: Any) -> Any:
+    """`value` with every NaN/inf float replaced by None, so the JSON is valid for any parser."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
+
+
+def json_text(value: Any, indent: int | None = None) -> str:
+    """Strict JSON (no NaN/Infinity tokens) of `value`; non-finite numbers become null."""
+    return json.dumps(finite_json(value), indent=indent, allow_nan=False)
+
+
+def write_json(path: str | os.PathLike, value: Any, *, overwrite: bool) -> None:
+    with atomic_path(path, overwrite=overwrite) as tmp:
+        tmp.write_text(json_text(value, indent=1) + "\n", encoding="utf-8")
+
+
+def save_png(image: Any, path: str | os.PathLike, *, overwrite: bool, parameters: str | None = None) -> None:
+    """A PIL image as PNG, with the A1111/ComfyUI `parameters` text chunk that image tools read back."""
+    from PIL import PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    if parameters is not None:
+        info.add_text("parameters", parameters)
+    with atomic_path(path, overwrite=overwrite) as tmp:
+        image.save(tmp, format="PNG", pnginfo=info)
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:

@@ -48,7 +48,7 @@ def write_model_set(out: Path, preset: str = "tiny", tokenizers: Path | None = N
     if preset not in PRESETS:
         raise AnimaError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     out = Path(out)
-    output_folder(out, overwrite, "a model set" if (out / "split_files").exists() else "other files")
+    output_folder(out, overwrite=overwrite, holds="a model set" if (out / "split_files").exists() else "other files")
     qwen_dir, t5_dir = out / LAYOUT["qwen_tokenizer"], out / LAYOUT["t5_tokenizer"]
     for d in (qwen_dir, t5_dir, out / LAYOUT["dit"], out / LAYOUT["text_encoder"], out / LAYOUT["vae"]):
         d.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from .run import BenchResult
 
 
 def _save(figure: Figure, path: Path) -> None:
-    with atomic_path(path) as tmp:
+    with atomic_path(path, overwrite=True) as tmp:
         figure.savefig(tmp, format="png", dpi=100)
 
 

@@ -290,5 +290,5 @@ def markdown(report: dict[str, Any]) -> str:
 
 def write_report(report: dict[str, Any], out_dir: Path) -> None:
     for name, text in (("report.json", to_json(report) + "\n"), ("report.md", markdown(report))):
-        with atomic_path(out_dir / name) as tmp:
+        with atomic_path(out_dir / name, overwrite=True) as tmp:
             tmp.write_text(text, encoding="utf-8")

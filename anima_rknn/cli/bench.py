@@ -10,11 +10,11 @@ from tqdm import tqdm
 
 from ..bench import DEFAULT_MIN_PSNR
 from ..errors import AnimaError
-from ..files import output_folder
+from ..files import output_folder, save_png
 from ..model_set import resolve
-from ..pipeline import AnimaPipeline, GenerationParams, GenerationResult
+from ..pipeline import AnimaPipeline, GenerationParams, GenerationResult, png_parameters
 from . import cli
-from .generate import cache_options, save_png
+from .generate import cache_options
 from .options import image_size, model_options, rknn_options, rknn_settings, sampling_options, vae_options, vae_tile
 
 if TYPE_CHECKING:
@@ -41,7 +41,8 @@ def save_images(result: BenchResult, out: Path, model_name: str) -> None:
             if run.image is not None:
                 generation = GenerationResult(run.image, run.denoised.sample.latent, policy.params,
                                               result.conditioning, run.denoised, run.decode_s)
-                save_png(generation, out / report_module.image_file(label, seed_result.seed), model_name)
+                save_png(run.image, out / report_module.image_file(label, seed_result.seed), overwrite=True,
+                         parameters=png_parameters(policy.params, model_name, generation))
 
 
 @cli.command("bench")
@@ -86,7 +87,7 @@ def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, n
                               vae_tile=vae_tile(vae_tiling, vae_tile_size), vae_overlap=vae_tile_overlap)
     run_module.policy_params(params, cache_names, options)  # bad options fail here, before the folder is made
     out_dir = Path(out)
-    output_folder(out_dir, overwrite, "a bench report" if (out_dir / "report.json").exists() else "other files")
+    output_folder(out_dir, overwrite=overwrite, holds="a bench report" if (out_dir / "report.json").exists() else "other files")
     pipeline = AnimaPipeline(files, keep_dit=True)
 
     total_steps = len(seed_list) * repeat * (1 + len(cache_names)) * steps

@@ -1,16 +1,14 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import click
-from PIL import PngImagePlugin
 from tqdm import tqdm
 
 from ..errors import AnimaError
-from ..files import atomic_path
+from ..files import check_output_file, save_png
 from ..model_set import resolve
 from ..pipeline import AnimaPipeline, GenerationParams, GenerationResult, png_parameters
 from ..sampling.caches import CACHE_NAMES, parse_cache_options
@@ -20,28 +18,10 @@ from .options import image_size, model_options, rknn_options, rknn_settings, sam
 SPECTRUM_TYPES = {"w": float, "m": int, "lam": float, "window": int, "flex": float, "warmup": int, "stop": float}
 
 
-def check_output(path: Path, overwrite: bool) -> None:
-    """Fail before any work is done, not after minutes of denoising."""
-    if path.suffix.lower() != ".png":
-        raise AnimaError(f"output must be a .png file, got {path}")
-    if path.exists() and not overwrite:
-        raise AnimaError(f"{path} exists; pass --overwrite to replace it")
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir() or not os.access(folder, os.W_OK):
-        raise AnimaError(f"cannot write {path}: folder {folder} does not exist or is not writable")
-
-
 def cache_options(text: str | None, spectrum: dict[str, float | None]) -> dict[str, float | str]:
     options = parse_cache_options(text) if text else {}
     options.update({k: v for k, v in spectrum.items() if v is not None})
     return options
-
-
-def save_png(result: GenerationResult, path: Path, model_name: str) -> None:
-    info = PngImagePlugin.PngInfo()
-    info.add_text("parameters", png_parameters(result.params, model_name, result))
-    with atomic_path(path) as tmp:
-        result.image.save(tmp, format="PNG", pnginfo=info)
 
 
 def summary(result: GenerationResult, out: Path | None) -> dict:
@@ -102,7 +82,7 @@ def generate(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt
         vae_tile=vae_tile(vae_tiling, vae_tile_size), vae_overlap=vae_tile_overlap,
     )
     params.validate()
-    check_output(out_path, overwrite)
+    check_output_file(out_path, overwrite=overwrite, suffixes=(".png",))  # before minutes of work
     pipeline = AnimaPipeline(files)
 
     with tqdm(total=steps, desc="denoise", unit="step", file=sys.stderr, dynamic_ncols=True) as bar:
@@ -113,7 +93,8 @@ def generate(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt
         result = pipeline.generate(params, on_step=on_step)
 
     if result.finite:
-        save_png(result, out_path, files.dit.name)
+        save_png(result.image, out_path, overwrite=overwrite,
+                 parameters=png_parameters(result.params, files.dit.name, result))
     report = summary(result, out_path if result.finite else None)
     if as_json:
         click.echo(json.dumps(report))

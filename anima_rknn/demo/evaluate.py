@@ -160,5 +160,5 @@ def contact_sheet(judged: Sequence[Judged], path: str | os.PathLike, columns: in
         label = textwrap.wrap(j.spec.caption, 21)[:3]
         label.append(("held-out: " if j.spec.held_out else "") + ("ok" if not wrong else "wrong " + ",".join(wrong)))
         draw.multiline_text((x + 2, y + cell + 1), "\n".join(label), fill="black", font=font, spacing=1)
-    with atomic_path(Path(path)) as tmp:
+    with atomic_path(Path(path), overwrite=True) as tmp:
         sheet.save(tmp, format="PNG")

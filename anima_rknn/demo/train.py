@@ -163,7 +163,7 @@ class Stage:
 
     def save(self, snapshot: dict) -> None:
         self.state.update(snapshot, step=self.step, elapsed=self.elapsed, losses=self.losses)
-        with atomic_path(self.checkpoint) as tmp:
+        with atomic_path(self.checkpoint, overwrite=True) as tmp:
             torch.save(self.state, tmp)
 
 
@@ -293,7 +293,7 @@ def _latent_pool(vae: WanVAE, seed: int, count: int, path: Path, chunk: int = 12
             images, _ = dataset.batch(seed, start, min(chunk, count - start))
             parts.append(vae.encode(_images_to_tensor(images)))
     pool = torch.cat(parts)
-    with atomic_path(path) as tmp:
+    with atomic_path(path, overwrite=True) as tmp:
         torch.save(pool, tmp)
     return pool
 
@@ -348,7 +348,7 @@ def _check_resume(work: Path, config: DemoConfig) -> None:
         before = DemoConfig.from_json(saved.read_text())
         if dataclasses.replace(before, minutes=config.minutes) != config:
             raise AnimaError(f"{work.parent} holds a training run with another configuration; use a new --out")
-    with atomic_path(saved) as tmp:
+    with atomic_path(saved, overwrite=True) as tmp:
         tmp.write_text(config.to_json())
 
 

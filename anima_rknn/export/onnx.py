@@ -78,7 +78,7 @@ def _export_graph(module: torch.nn.Module, shapes: dict[str, list[int]], dtype: 
 
 def _prepare_out_dir(out_dir: Path, overwrite: bool) -> None:
     holds = "a subgraph set" if (out_dir / MANIFEST).exists() else "other files"
-    output_folder(out_dir, overwrite, holds)
+    output_folder(out_dir, overwrite=overwrite, holds=holds)
     # Manifest first: a half-replaced folder must never look like a complete set.
     (out_dir / MANIFEST).unlink(missing_ok=True)
     for stale in out_dir.iterdir():
@@ -104,7 +104,7 @@ def export_subgraphs(dit_path: Path, width: int, height: int, out_dir: Path, dty
         shapes = input_shapes(kind, config, tokens)
         graph = _export_graph(getattr(dit.blocks[index // 3], kind), shapes, DTYPES[dtype])
         path = out_dir / f"{subgraph_name(index)}.onnx"
-        with atomic_path(path) as tmp:
+        with atomic_path(path, overwrite=True) as tmp:
             tmp.write_bytes(graph.SerializeToString())
             digest = sha256_file(tmp)
         entries.append({
@@ -121,7 +121,7 @@ def export_subgraphs(dit_path: Path, width: int, height: int, out_dir: Path, dty
         "dtype": dtype, "opset": OPSET, "subgraphs": entries,
     }
     manifest_path = out_dir / MANIFEST
-    with atomic_path(manifest_path) as tmp:
+    with atomic_path(manifest_path, overwrite=True) as tmp:
         tmp.write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest_path
 

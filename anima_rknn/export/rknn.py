@@ -138,7 +138,7 @@ def convert_one(onnx_path: Path, rknn_path: Path, target: str) -> dict[str, Any]
     with toolkit_output() as log, tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):
         rknn = build_model(onnx_path, target, log, verbose=True)
         try:
-            with atomic_path(rknn_path) as tmp:
+            with atomic_path(rknn_path, overwrite=True) as tmp:
                 toolkit_call("export_rknn", onnx_path, log, rknn.export_rknn, str(tmp))
         finally:
             rknn.release()
@@ -153,7 +153,7 @@ def convert_one(onnx_path: Path, rknn_path: Path, target: str) -> dict[str, Any]
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    with atomic_path(path) as tmp:
+    with atomic_path(path, overwrite=True) as tmp:
         tmp.write_text(json.dumps(data, indent=1))
 
 

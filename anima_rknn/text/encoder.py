@@ -167,5 +167,5 @@ def write_random_text_encoder(
         torch.manual_seed(seed)
         model = Qwen3Model(config)
     tensors = {FILE_PREFIX + name: t.detach().to(dtype).contiguous() for name, t in model.state_dict().items()}
-    with atomic_path(path) as tmp:
+    with atomic_path(path, overwrite=True) as tmp:
         safetensors.torch.save_file(tensors, str(tmp), metadata={"format": "pt"})

@@ -111,9 +111,9 @@ def _vocabulary(words: list[str]) -> list[str]:
 
 def _save(tokenizer: Tokenizer, folder: Path, config: dict[str, object]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    with atomic_path(folder / "tokenizer.json") as tmp:
+    with atomic_path(folder / "tokenizer.json", overwrite=True) as tmp:
         tokenizer.save(str(tmp))
-    with atomic_path(folder / "tokenizer_config.json") as tmp:
+    with atomic_path(folder / "tokenizer_config.json", overwrite=True) as tmp:
         tmp.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 

@@ -313,7 +313,7 @@ def save_vae(vae: WanVAE, path: str | os.PathLike, dtype: torch.dtype = torch.bf
             "latents_mean": json.dumps(list(config.latents_mean)),
             "latents_std": json.dumps(list(config.latents_std)),
         }
-    with atomic_path(path) as tmp:
+    with atomic_path(path, overwrite=True) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
 
 
