@@ -168,20 +168,20 @@ def _umask() -> int:
     return mask
 
 
-def finite_json(value: Any) -> Any:
-    """`value` with every NaN/inf float replaced by None, so the JSON is valid for any parser."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
+def _strict(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
     if isinstance(value, dict):
-        return {k: finite_json(v) for k, v in value.items()}
+        return {key: _strict(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [finite_json(v) for v in value]
+        return [_strict(item) for item in value]
     return value
 
 
 def json_text(value: Any, indent: int | None = None) -> str:
-    """Strict JSON (no NaN/Infinity tokens) of `value`; non-finite numbers become null."""
-    return json.dumps(finite_json(value), indent=indent, allow_nan=False)
+    """Strict JSON of `value`, valid for any parser: a non-finite number is written as the string "inf",
+    "-inf" or "nan" (e.g. the PSNR of identical images), never as a bare NaN/Infinity token."""
+    return json.dumps(_strict(value), indent=indent, allow_nan=False)
 
 
 def write_json(path: str | os.PathLike, value: Any, *, overwrite: bool) -> None:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
+_MEMINFO = Path("/proc/meminfo")
+_CGROUP = Path("/sys/fs/cgroup")
 
 
 def _libc_malloc_trim() -> Callable[[int], int] | None:
@@ -42,6 +44,30 @@ def status_bytes(field: str) -> int | None:
     except OSError:
         pass
     return None
+
+
+def available_bytes() -> int | None:
+    """Memory a new allocation can have: the kernel's MemAvailable, lowered by a cgroup (container) limit and
+    by the address-space rlimit (`ulimit -v`); None where none of them can be read."""
+    import resource
+
+    limits = []
+    try:
+        for line in _MEMINFO.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                limits.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    try:
+        limit, used = (_CGROUP / "memory.max").read_text().strip(), (_CGROUP / "memory.current").read_text()
+        if limit != "max":
+            limits.append(int(limit) - int(used))
+    except (OSError, ValueError):
+        pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        limits.append(soft - (status_bytes("VmSize") or 0))
+    return max(0, min(limits)) if limits else None
 
 
 @dataclass

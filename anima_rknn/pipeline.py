@@ -7,6 +7,8 @@ The CLI and the bench both drive this object; nothing here prints.
 from __future__ import annotations
 
 import dataclasses
+import math
+import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,9 +18,9 @@ import torch
 from PIL import Image
 
 from .checkpoint import read_shapes
-from .engine import RknnOptions, make_engine
+from .engine import BACKENDS, RknnOptions, make_engine
 from .errors import AnimaError
-from .memory import return_freed_memory
+from .memory import available_bytes, return_freed_memory
 from .model.io import load_dit, load_llm_adapter, read_dit_config
 from .model_set import ModelFiles
 from .sampling.caches import make_cache
@@ -26,9 +28,47 @@ from .sampling.euler import SampleResult, sample_euler
 from .sampling.schedule import flow_sigmas
 from .text import PromptTokenizer, load_text_encoder, qwen3_config_from_shapes
 from .vae import decode_tiled, load_vae, read_vae_config
+from .vae.tiling import TILING_MODES, plan_tiling
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DEFAULT_NEGATIVE = "worst quality, low quality, score_1, score_2, score_3, blurry, jpeg artifacts, sepia"
+
+
+MAX_SIDE = 4096  # pixels; a 16-megapixel image, 4x what Anima was trained for
+MAX_STEPS = 1000
+MAX_PROMPT_CHARS = 20_000
+MAX_PROMPT_TOKENS = 4096  # Qwen3 tokens; its attention over a prompt grows with the square of this
+MAX_CFG, MAX_SHIFT = 100.0, 100.0
+RANDOM_SEED = -1  # as in WebUI: draw a seed; the one drawn is what params, JSON and PNG report
+MAX_SEED = 2**64 - 1
+
+
+def resolve_seed(seed: int) -> int:
+    """RANDOM_SEED becomes a freshly drawn 64-bit seed; any other value is kept (and checked by validate)."""
+    return secrets.randbits(64) if seed == RANDOM_SEED and not isinstance(seed, bool) else seed
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise AnimaError(f"{name} must be an integer from {low} to {high}, got {value!r}")
+
+
+def _check_number(name: str, value: object, low: float, high: float) -> None:
+    if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+            or not low <= value <= high):
+        raise AnimaError(f"{name} must be a finite number from {low:g} to {high:g}, got {value!r}")
+
+
+def check_text(name: str, value: object) -> None:
+    """Prompts are str, valid UTF-8 (command-line bytes that are not arrive as lone surrogates), bounded."""
+    if not isinstance(value, str):
+        raise AnimaError(f"the {name} must be text, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise AnimaError(f"the {name} is not valid UTF-8 text") from None
+    if len(value) > MAX_PROMPT_CHARS:
+        raise AnimaError(f"the {name} has {len(value)} characters; at most {MAX_PROMPT_CHARS} are accepted")
 
 
 @dataclasses.dataclass
@@ -39,7 +79,7 @@ class GenerationParams:
     height: int = 512
     steps: int = 20
     cfg: float = 4.0
-    seed: int = 20260812
+    seed: int = 20260812  # 0 .. 2**64-1, or RANDOM_SEED (-1) to draw one
     shift: float = 3.0
     dtype: str = "fp32"
     cache: str = "none"
@@ -47,18 +87,38 @@ class GenerationParams:
     backend: str = "torch"
     subgraphs: Path | None = None
     rknn: RknnOptions = dataclasses.field(default_factory=RknnOptions)  # used by the rknn backend only
-    vae_tile: int | None = None  # pixels; None decodes in one piece
+    vae_tiling: str = "auto"  # auto: tiles only when decoding in one piece would not fit the free memory
+    vae_tile: int = 512  # pixels
     vae_overlap: int = 64
 
+    def __post_init__(self) -> None:
+        self.seed = resolve_seed(self.seed)
+
     def validate(self) -> None:
-        if self.width % 16 or self.height % 16 or self.width <= 0 or self.height <= 0:
+        """Every setting checked before any model loads: one AnimaError line for the first problem."""
+        check_text("prompt", self.prompt)
+        check_text("negative prompt", self.negative)
+        for name in ("width", "height"):
+            _check_int(name, getattr(self, name), 16, MAX_SIDE)
+        if self.width % 16 or self.height % 16:
             raise AnimaError(f"width and height must be positive multiples of 16, got {self.width}x{self.height}")
-        if self.steps < 1:
-            raise AnimaError(f"steps must be at least 1, got {self.steps}")
+        _check_int("steps", self.steps, 1, MAX_STEPS)
+        _check_int("seed", self.seed, 0, MAX_SEED)
+        _check_number("cfg", self.cfg, 0.0, MAX_CFG)
+        _check_number("shift", self.shift, 1e-3, MAX_SHIFT)
         if self.dtype not in DTYPES:
             raise AnimaError(f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
-        if self.shift <= 0:
-            raise AnimaError(f"shift must be positive, got {self.shift}")
+        if self.backend not in BACKENDS:
+            raise AnimaError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.vae_tiling not in TILING_MODES:
+            raise AnimaError(f"unknown VAE tiling mode {self.vae_tiling!r}; choose one of {', '.join(TILING_MODES)}")
+        _check_int("VAE tile size", self.vae_tile, 64, MAX_SIDE)
+        _check_int("VAE tile overlap", self.vae_overlap, 0, self.vae_tile // 2)
+        if self.vae_tile % 8 or self.vae_overlap % 8:
+            raise AnimaError(f"VAE tile size and overlap must be multiples of 8 pixels, "
+                             f"got {self.vae_tile} and {self.vae_overlap}")
+        if not isinstance(self.cache_options, dict):
+            raise AnimaError("cache options must be a dict of option names to values")
         make_cache(self.cache, self.steps, self.cache_options)  # bad cache options fail before any model loads
 
 
@@ -106,11 +166,13 @@ def initial_noise(seed: int, width: int, height: int, channels: int = 16) -> np.
 
 class AnimaPipeline:
     def __init__(self, files: ModelFiles, keep_dit: bool = False) -> None:
+        if not isinstance(files, ModelFiles):
+            raise AnimaError("AnimaPipeline takes the ModelFiles of anima_rknn.resolve_model(...)")
         self.files = files
         # Header-only checks of all three files, so a bad file fails now and not after minutes of work.
         read_dit_config(files.dit)
         qwen3_config_from_shapes(read_shapes(files.text_encoder, "text encoder"))
-        read_vae_config(files.vae)
+        self.vae_config = read_vae_config(files.vae)
         self.tokenizer = PromptTokenizer.from_dirs(files.qwen_tokenizer, files.t5_tokenizer)
         self.keep_dit = keep_dit  # the bench runs several denoise passes on one loaded DiT
         self._dit = None
@@ -132,6 +194,9 @@ class AnimaPipeline:
         loaded alone and freed."""
         start = time.perf_counter()
         tokens = [self.tokenizer.encode(p) for p in (prompt, negative)]
+        for name, t in zip(("prompt", "negative prompt"), tokens):
+            if len(t.qwen_ids) > MAX_PROMPT_TOKENS:
+                raise AnimaError(f"the {name} is {len(t.qwen_ids)} tokens long; at most {MAX_PROMPT_TOKENS} are accepted")
         encoder = load_text_encoder(self.files.text_encoder)
         with torch.no_grad():
             states = [encoder.encode(t.qwen_ids) for t in tokens]
@@ -143,6 +208,9 @@ class AnimaPipeline:
                         for s, t in zip(states, tokens)]
         del adapter
         return_freed_memory()
+        if not all(bool(torch.isfinite(c).all()) for c in contexts):
+            raise AnimaError("the prompt conditioning is not finite (NaN/Inf): check the prompt weights and the "
+                             "text encoder and DiT files; no image was written")
         return Conditioning(contexts[0], contexts[1], time.perf_counter() - start)
 
     def denoise(self, conditioning: Conditioning, params: GenerationParams, *, keep_x0: bool = False,
@@ -187,17 +255,29 @@ class AnimaPipeline:
             pixels = vae.decode(z) if tile is None else decode_tiled(vae, z, tile, overlap)
         del vae
         return_freed_memory()
+        if not bool(torch.isfinite(pixels).all()):
+            raise AnimaError(f"the VAE decoded non-finite pixels (NaN/Inf): check {self.files.vae.name}; "
+                             "no image was written")
         array = (pixels[0].permute(1, 2, 0).clamp(0, 1).numpy() * 255).round().astype(np.uint8)
         return Image.fromarray(array), time.perf_counter() - start
 
+    def decode_tile(self, params: GenerationParams) -> int | None:
+        """The VAE tile size for this run (None: one piece), from a memory estimate against the free memory;
+        a decode that cannot fit is refused here, before any denoising."""
+        params.validate()
+        return plan_tiling(self.vae_config, params.width, params.height, params.vae_tiling, params.vae_tile,
+                           available_bytes())
+
     def generate(self, params: GenerationParams,
                  on_step: Callable[[int, int, bool], None] | None = None) -> GenerationResult:
-        params.validate()
+        if not isinstance(params, GenerationParams):
+            raise AnimaError("generate takes a GenerationParams")
+        tile = self.decode_tile(params)
         conditioning = self.encode(params.prompt, params.negative, params.dtype)
         denoised = self.denoise(conditioning, params, on_step=on_step)
         image, decode_s = None, 0.0
         if denoised.sample.finite:  # never decode (and never save) a latent with NaN/Inf in it
-            image, decode_s = self.decode(denoised.sample.latent, params.vae_tile, params.vae_overlap)
+            image, decode_s = self.decode(denoised.sample.latent, tile, params.vae_overlap)
         return GenerationResult(image, denoised.sample.latent, params, conditioning, denoised, decode_s)
 
 

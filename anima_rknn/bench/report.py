@@ -3,7 +3,6 @@ baseline | cached | difference and speedup), with the verdict on whether caching
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Sequence
@@ -11,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..files import atomic_path
+from ..files import atomic_path, json_text
 from . import DEFAULT_MIN_PSNR, metrics
 from .run import BASELINE, BenchResult, PolicyRuns, SeedResult
 
@@ -154,7 +153,7 @@ def _verdict(seeds: list[dict[str, Any]], caches: list[str], thresholds: Thresho
 
 
 def build_report(result: BenchResult, model_name: str, thresholds: Thresholds | None = None) -> dict[str, Any]:
-    """Every number of the bench as plain data; json.dumps-able once through to_json()."""
+    """Every number of the bench as plain data; strict JSON through to_json()."""
     thresholds = thresholds or Thresholds()
     params = result.seeds[0].baseline.params
     caches = list(result.seeds[0].cached)
@@ -164,7 +163,7 @@ def build_report(result: BenchResult, model_name: str, thresholds: Thresholds | 
             "model": model_name, "prompt": params.prompt, "negative": params.negative,
             "width": params.width, "height": params.height, "steps": params.steps, "cfg": params.cfg,
             "shift": params.shift, "dtype": params.dtype, "backend": params.backend,
-            "vae_tile": params.vae_tile, "seeds": [entry["seed"] for entry in seeds], "repeats": result.repeats,
+            "vae_tile": result.vae_tile, "seeds": [entry["seed"] for entry in seeds], "repeats": result.repeats,
             "caches": {name: seeds[0]["cached"][name]["cache_options"] for name in caches},
         },
         "encode": {"encode_s": result.conditioning.encode_s,
@@ -176,19 +175,8 @@ def build_report(result: BenchResult, model_name: str, thresholds: Thresholds | 
     }
 
 
-def _plain(value: Any) -> Any:
-    """Strict JSON has no Infinity/NaN: identical images (PSNR inf) are written as the string "inf"."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    return value
-
-
 def to_json(report: dict[str, Any]) -> str:
-    return json.dumps(_plain(report), indent=2, allow_nan=False)
+    return json_text(report, indent=2)
 
 
 def _db(value: float) -> str:

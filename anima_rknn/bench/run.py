@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from PIL import Image
 
 from ..errors import AnimaError
-from ..pipeline import AnimaPipeline, Conditioning, Denoised, GenerationParams
+from ..pipeline import MAX_SEED, AnimaPipeline, Conditioning, Denoised, GenerationParams, resolve_seed
 from ..sampling.caches import CACHE_NAMES, make_cache
 from ..sampling.euler import StepCallback
 from ..memory import peak_rss
@@ -60,6 +60,7 @@ class BenchResult:
     encode_peak_rss_bytes: int | None
     repeats: int
     seeds: list[SeedResult]
+    vae_tile: int | None  # the tile size every decode used; None: one piece
 
 
 def parse_cache_list(text: str) -> list[str]:
@@ -77,9 +78,12 @@ def parse_cache_list(text: str) -> list[str]:
 
 def parse_seed_list(text: str) -> list[int]:
     try:
-        seeds = [int(item) for item in text.split(",") if item.strip()]
+        seeds = [resolve_seed(int(item)) for item in text.split(",") if item.strip()]
     except ValueError:
         raise AnimaError(f"--seeds must be a comma list of integers, got {text!r}") from None
+    for seed in seeds:
+        if not 0 <= seed <= MAX_SEED:
+            raise AnimaError(f"seeds must be integers from 0 to {MAX_SEED} (or -1 for a random one), got {seed}")
     if not seeds:
         raise AnimaError("--seeds needs at least one seed")
     if len(set(seeds)) != len(seeds):
@@ -97,13 +101,13 @@ def policy_params(params: GenerationParams, caches: Sequence[str],
     return {name: dataclasses.replace(params, cache=name, cache_options=dict(cache_options)) for name in caches}
 
 
-def _run(pipeline: AnimaPipeline, conditioning: Conditioning, params: GenerationParams,
+def _run(pipeline: AnimaPipeline, conditioning: Conditioning, params: GenerationParams, tile: int | None,
          on_step: StepCallback | None) -> Run:
     with peak_rss() as peak:
         denoised = pipeline.denoise(conditioning, params, keep_x0=True, on_step=on_step)
         image, decode_s = None, 0.0
         if denoised.sample.finite:
-            image, decode_s = pipeline.decode(denoised.sample.latent, params.vae_tile, params.vae_overlap)
+            image, decode_s = pipeline.decode(denoised.sample.latent, tile, params.vae_overlap)
     return Run(denoised, image, decode_s, peak.bytes)
 
 
@@ -120,6 +124,7 @@ def run_bench(pipeline: AnimaPipeline, params: GenerationParams, caches: Sequenc
     baseline = dataclasses.replace(params, cache="none", cache_options={})
     cached = policy_params(params, caches, cache_options or {})
     seeds = list(seeds) if seeds else [params.seed]
+    tile = pipeline.decode_tile(params)
     with peak_rss() as encode_peak:
         conditioning = pipeline.encode(params.prompt, params.negative, params.dtype)
     # Untimed: torch's first-call costs (allocator, kernel choice) would otherwise land on the baseline alone.
@@ -134,7 +139,7 @@ def run_bench(pipeline: AnimaPipeline, params: GenerationParams, caches: Sequenc
             for label, side in sides.items():
                 if on_run is not None:
                     on_run(seed, label, repeat)
-                runs[label].append(_run(pipeline, conditioning, dataclasses.replace(side, seed=seed), on_step))
+                runs[label].append(_run(pipeline, conditioning, dataclasses.replace(side, seed=seed), tile, on_step))
         per_side = {label: PolicyRuns(dataclasses.replace(sides[label], seed=seed), runs[label]) for label in sides}
         results.append(SeedResult(seed, per_side.pop(BASELINE), per_side))
-    return BenchResult(conditioning, encode_peak.bytes, repeats, results)
+    return BenchResult(conditioning, encode_peak.bytes, repeats, results, tile)

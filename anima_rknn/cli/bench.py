@@ -15,7 +15,7 @@ from ..model_set import resolve
 from ..pipeline import AnimaPipeline, GenerationParams, GenerationResult, png_parameters
 from . import cli
 from .generate import cache_options
-from .options import image_size, model_options, rknn_options, rknn_settings, sampling_options, vae_options, vae_tile
+from .options import FINITE, image_size, model_options, rknn_options, rknn_settings, sampling_options, vae_options, vae_tiling
 
 if TYPE_CHECKING:
     from ..bench.run import BenchResult
@@ -58,9 +58,9 @@ def save_images(result: BenchResult, out: Path, model_name: str) -> None:
                                             "overrides --seed.")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Runs per side and seed; times are reported as min and median.")
-@click.option("--min-psnr", type=float, default=DEFAULT_MIN_PSNR, show_default=True,
+@click.option("--min-psnr", type=FINITE, default=DEFAULT_MIN_PSNR, show_default=True,
               help="Verdict threshold: lowest acceptable PSNR (dB) of a cached image against the baseline.")
-@click.option("--min-ssim", type=float, default=None, help="Verdict threshold on SSIM too (not checked by default).")
+@click.option("--min-ssim", type=FINITE, default=None, help="Verdict threshold on SSIM too (not checked by default).")
 @click.option("--fail-on-verdict", is_flag=True,
               help=f"Exit with code {VERDICT_FAILED_EXIT} when the verdict fails (for scripts).")
 @vae_options
@@ -70,7 +70,7 @@ def save_images(result: BenchResult, out: Path, model_name: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print report.json on stdout too.")
 def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, negative, width, height, steps,
           cfg, seed, shift, dtype, backend, subgraphs, rknn_runtime, rknn_budget, rknn_core_mask, caches,
-          cache_option, seeds, repeat, min_psnr, min_ssim, fail_on_verdict, vae_tiling, vae_tile_size,
+          cache_option, seeds, repeat, min_psnr, min_ssim, fail_on_verdict, tiling, vae_tile_size,
           vae_tile_overlap, out, overwrite, as_json) -> None:
     """Cached vs uncached baseline with the same weights, seed and noise: speed, work and image fidelity."""
     run_module, report_module, figures = bench_modules()
@@ -84,7 +84,7 @@ def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, n
                               seed=seed_list[0], shift=shift, dtype=dtype, backend=backend,
                               subgraphs=Path(subgraphs) if subgraphs else None,
                               rknn=rknn_settings(rknn_runtime, rknn_budget, rknn_core_mask),
-                              vae_tile=vae_tile(vae_tiling, vae_tile_size), vae_overlap=vae_tile_overlap)
+                              vae_tiling=vae_tiling(tiling), vae_tile=vae_tile_size, vae_overlap=vae_tile_overlap)
     run_module.policy_params(params, cache_names, options)  # bad options fail here, before the folder is made
     out_dir = Path(out)
     output_folder(out_dir, overwrite=overwrite, holds="a bench report" if (out_dir / "report.json").exists() else "other files")

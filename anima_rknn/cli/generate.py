@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -8,14 +7,15 @@ import click
 from tqdm import tqdm
 
 from ..errors import AnimaError
-from ..files import check_output_file, save_png
+from ..files import check_output_file, json_text, save_png
 from ..model_set import resolve
 from ..pipeline import AnimaPipeline, GenerationParams, GenerationResult, png_parameters
-from ..sampling.caches import CACHE_NAMES, parse_cache_options
+from ..sampling.caches import CACHE_NAMES, OPTION_TYPES, parse_cache_options
 from . import cli
-from .options import image_size, model_options, rknn_options, rknn_settings, sampling_options, vae_options, vae_tile
+from .options import FINITE, image_size, model_options, rknn_options, rknn_settings, sampling_options, vae_options, vae_tiling
 
-SPECTRUM_TYPES = {"w": float, "m": int, "lam": float, "window": int, "flex": float, "warmup": int, "stop": float}
+# The numeric cache options also have flags of their own, as stable-diffusion.cpp's --spectrum-* do.
+SPECTRUM_FLAGS = {key: FINITE if kind is float else kind for key, kind in OPTION_TYPES.items() if kind in (int, float)}
 
 
 def cache_options(text: str | None, spectrum: dict[str, float | None]) -> dict[str, float | str]:
@@ -41,9 +41,11 @@ def summary(result: GenerationResult, out: Path | None) -> dict:
     }
 
 
-def spectrum_option(key: str):
-    return click.option(f"--spectrum-{key}", f"spectrum_{key}", type=SPECTRUM_TYPES[key], default=None,
-                        help=f"Spectrum {key} (overrides --cache-option).")
+def spectrum_options(f):
+    for key, kind in reversed(SPECTRUM_FLAGS.items()):
+        f = click.option(f"--spectrum-{key}", f"spectrum_{key}", type=kind, default=None,
+                         help=f"Spectrum {key} (overrides --cache-option).")(f)
+    return f
 
 
 @cli.command("generate")
@@ -54,20 +56,14 @@ def spectrum_option(key: str):
               help="Step cache: none = every step computed (the exact baseline).")
 @click.option("--cache-option", "cache_option", default=None,
               help='stable-diffusion.cpp style, e.g. "w=0.4,m=3,lam=1.0,window=2,flex=0.5,warmup=4,stop=0.9".')
-@spectrum_option("w")
-@spectrum_option("m")
-@spectrum_option("lam")
-@spectrum_option("window")
-@spectrum_option("flex")
-@spectrum_option("warmup")
-@spectrum_option("stop")
+@spectrum_options
 @vae_options
 @click.option("--out", "-o", default="out.png", show_default=True, type=click.Path(dir_okay=False))
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results on stdout.")
 def generate(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, negative, width, height, steps,
              cfg, seed, shift, dtype, backend, subgraphs, rknn_runtime, rknn_budget, rknn_core_mask, cache,
-             cache_option, vae_tiling, vae_tile_size, vae_tile_overlap, out, overwrite, as_json, **spectrum) -> None:
+             cache_option, tiling, vae_tile_size, vae_tile_overlap, out, overwrite, as_json, **spectrum) -> None:
     """Generate one image."""
     out_path = Path(out)
     files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
@@ -79,7 +75,7 @@ def generate(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt
         cache_options=cache_options(cache_option, {k.removeprefix("spectrum_"): v for k, v in spectrum.items()}),
         backend=backend, subgraphs=Path(subgraphs) if subgraphs else None,
         rknn=rknn_settings(rknn_runtime, rknn_budget, rknn_core_mask),
-        vae_tile=vae_tile(vae_tiling, vae_tile_size), vae_overlap=vae_tile_overlap,
+        vae_tiling=vae_tiling(tiling), vae_tile=vae_tile_size, vae_overlap=vae_tile_overlap,
     )
     params.validate()
     check_output_file(out_path, overwrite=overwrite, suffixes=(".png",))  # before minutes of work
@@ -97,7 +93,7 @@ def generate(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt
                  parameters=png_parameters(result.params, files.dit.name, result))
     report = summary(result, out_path if result.finite else None)
     if as_json:
-        click.echo(json.dumps(report))
+        click.echo(json_text(report))
     echo = (lambda s: click.echo(s, err=True)) if as_json else click.echo
     t = report["timings"]
     echo(f"{'wrote ' + str(out_path) if result.finite else 'NO IMAGE WRITTEN'}: {width}x{height}, {steps} steps, "

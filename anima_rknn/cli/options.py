@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import math
+
 import click
 
 from ..engine.backends.rknn import CORE_MASKS, RUNTIMES, RknnOptions
@@ -13,6 +15,24 @@ from ..model_set import ModelFiles
 from ..pipeline import DEFAULT_NEGATIVE, DTYPES
 
 F = Callable[..., object]
+
+
+class FiniteFloat(click.ParamType):
+    """A float that is a number: click's FLOAT (and FloatRange) let "nan" and "inf" through."""
+
+    name = "number"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+FINITE = FiniteFloat()
 
 
 def model_options(f: F) -> F:
@@ -38,9 +58,10 @@ def sampling_options(f: F) -> F:
                      help="Default 512, or the size a small trained model was made for (64 for the demo model)."),
         click.option("--height", "-H", type=int, default=None, help="Default as --width."),
         click.option("--steps", type=int, default=20, show_default=True),
-        click.option("--cfg", type=float, default=4.0, show_default=True, help="Classifier-free guidance scale."),
-        click.option("--seed", type=int, default=20260812, show_default=True),
-        click.option("--shift", type=float, default=3.0, show_default=True, help="Flow-matching sigma shift."),
+        click.option("--cfg", type=FINITE, default=4.0, show_default=True, help="Classifier-free guidance scale."),
+        click.option("--seed", type=int, default=20260812, show_default=True,
+                     help="0 to 2^64-1; -1 draws a random seed (the one used is reported)."),
+        click.option("--shift", type=FINITE, default=3.0, show_default=True, help="Flow-matching sigma shift."),
         click.option("--dtype", type=click.Choice(list(DTYPES)), default="fp32", show_default=True,
                      help="Attention/MLP body precision (residual stream, norms and AdaLN stay fp32)."),
         click.option("--backend", default="torch", show_default=True, help="torch | onnx | rknn."),
@@ -72,9 +93,11 @@ def rknn_settings(rknn_runtime: str, rknn_budget: str | None, rknn_core_mask: st
 
 
 def vae_options(f: F) -> F:
-    """--vae-tiling / --vae-tile-size / --vae-tile-overlap; GenerationParams takes vae_tile(...)."""
+    """--vae-tiling/--no-vae-tiling / --vae-tile-size / --vae-tile-overlap; GenerationParams takes vae_tiling(...)."""
     for option in reversed([
-        click.option("--vae-tiling", is_flag=True, help="Decode in overlapping tiles (less memory)."),
+        click.option("--vae-tiling/--no-vae-tiling", "tiling", default=None,
+                     help="Decode in overlapping tiles (less memory), or never. Default: tile only when decoding "
+                          "in one piece would not fit the free memory."),
         click.option("--vae-tile-size", type=int, default=512, show_default=True, help="Tile size in pixels."),
         click.option("--vae-tile-overlap", type=int, default=64, show_default=True, help="Tile overlap in pixels."),
     ]):
@@ -82,8 +105,8 @@ def vae_options(f: F) -> F:
     return f
 
 
-def vae_tile(vae_tiling: bool, vae_tile_size: int) -> int | None:
-    return vae_tile_size if vae_tiling else None
+def vae_tiling(flag: bool | None) -> str:
+    return {None: "auto", True: "on", False: "off"}[flag]
 
 
 def image_size(files: ModelFiles, width: int | None, height: int | None) -> tuple[int, int]:

@@ -11,7 +11,41 @@ import torch
 from torch import Tensor
 
 from ..errors import AnimaError
-from .wan import WanVAE
+from .wan import WanVAE, WanVAEConfig
+
+TILING_MODES = ("auto", "on", "off")
+# Fitted on this project's decoder (benchmarks/vae_memory.py): the middle attention materialises two
+# n x n float32 matrices over the n latent pixels, and the full-resolution stage holds about six
+# `dim`-channel float32 images. Over-estimates the measured peak by 5-35%.
+_ATTENTION_COPIES, _FULL_RES_COPIES, _OVERHEAD_BYTES = 2, 6, 64 << 20
+# Decode in one piece only while the estimate leaves this share of the available memory free.
+_AUTO_SHARE = 0.75
+
+
+def decode_bytes(config: WanVAEConfig, width: int, height: int) -> int:
+    """Estimated peak memory of decoding one width x height image in one piece."""
+    latent_pixels = (width // config.scale_factor) * (height // config.scale_factor)
+    attention = _ATTENTION_COPIES * 4 * latent_pixels**2
+    return attention + _FULL_RES_COPIES * 4 * config.dim * width * height + _OVERHEAD_BYTES
+
+
+def plan_tiling(config: WanVAEConfig, width: int, height: int, mode: str, tile_px: int,
+                available: int | None) -> int | None:
+    """The tile size to decode with (None: one piece). "auto" tiles when one piece would not fit comfortably
+    in `available` bytes; any plan that cannot fit is refused now, before minutes of denoising."""
+    if mode not in TILING_MODES:
+        raise AnimaError(f"unknown VAE tiling mode {mode!r}; choose one of {', '.join(TILING_MODES)}")
+    whole = decode_bytes(config, width, height)
+    if mode == "auto":
+        mode = "on" if available is not None and whole > _AUTO_SHARE * available else "off"
+    tile = None if mode == "off" or tile_px >= max(width, height) else tile_px
+    need = whole if tile is None else decode_bytes(config, min(tile, width), min(tile, height))
+    if available is not None and need > available:
+        how = "in one piece" if tile is None else f"in {tile}-px tiles"
+        raise AnimaError(f"decoding {width}x{height} {how} needs about {need / 2**30:.1f} GiB, but only "
+                         f"{available / 2**30:.1f} GiB of memory is available: "
+                         + ("use --vae-tiling" if tile is None else "use a smaller --vae-tile-size"))
+    return tile
 
 
 def _tile_starts(length: int, tile: int, overlap: int) -> list[int]:

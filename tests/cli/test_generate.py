@@ -65,7 +65,7 @@ def _assert_one_line_error(result, pattern: str) -> None:
 
 @pytest.mark.parametrize("args, pattern", [
     (("-W", "100"), "multiples of 16"),
-    (("--steps", "0"), "steps must be at least 1"),
+    (("--steps", "0"), "steps must be an integer from 1 to 1000"),
     (("--cache-option", "bogus=1"), "bogus"),
 ])
 def test_bad_options(run_cli, model_dir, tmp_path, args, pattern):
