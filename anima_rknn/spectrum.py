@@ -4,7 +4,7 @@ A port of stable-diffusion.cpp's `src/spectrum.hpp` (itself a sampler-level vers
 "Adaptive Spectral Feature Forecasting for Diffusion Sampling Acceleration"). With default keywords
 it reproduces that code's schedule and forecast, quirks included (fixed 0..50 tau axis, ridge
 shrinkage, half-step Taylor); the keyword options fix those quirks without touching the default.
-See /work/shared/spec/spectrum.md.
+The algorithm, step by step: README "Spectrum step caching" and stable-diffusion.cpp's spectrum.hpp.
 """
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ TAYLOR_MODES = ("half", "fractional")
 
 # Below this, rescaling the Chebyshev weights to sum to 1 would blow them up rather than fix a bias.
 _MIN_WEIGHT_SUM = 1e-3
+# Bounds that keep memory and arithmetic bounded: the forecaster keeps max(m+1, 6) latents, and a window
+# or flex beyond any run's length changes nothing but could overflow.
+MAX_DEGREE = 8
+MAX_WINDOW = 1000
 
 
 def _check(ok: bool, message: str) -> None:
@@ -31,6 +35,12 @@ def _is_int(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
+def _in_range(value: object, low: float, high: float) -> bool:
+    """A real, finite number in [low, high] (False for NaN, strings, bools)."""
+    return (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+            and bool(np.isfinite(value)) and low <= value <= high)
+
+
 class SpectrumSchedule:
     """Which steps run the model and which are forecast: warmup, then a window that widens by
     `flex` after every computed step, and always compute from `stop` (a fraction of the run) on."""
@@ -38,10 +48,11 @@ class SpectrumSchedule:
     def __init__(self, num_steps: int, window: int = 2, flex: float = 0.5, warmup: int = 4,
                  stop: float = 0.9) -> None:
         _check(_is_int(num_steps) and num_steps >= 1, f"number of steps must be a positive integer, got {num_steps!r}")
-        _check(_is_int(window) and window >= 1, f"cache option window must be an integer >= 1, got {window!r}")
-        _check(np.isfinite(flex) and flex >= 0, f"cache option flex must be >= 0, got {flex!r}")
+        _check(_is_int(window) and 1 <= window <= MAX_WINDOW,
+               f"cache option window must be an integer from 1 to {MAX_WINDOW}, got {window!r}")
+        _check(_in_range(flex, 0, MAX_WINDOW), f"cache option flex must be in [0, {MAX_WINDOW}], got {flex!r}")
         _check(_is_int(warmup) and warmup >= 0, f"cache option warmup must be an integer >= 0, got {warmup!r}")
-        _check(0.0 <= stop <= 1.0, f"cache option stop must be in [0, 1], got {stop!r}")
+        _check(_in_range(stop, 0.0, 1.0), f"cache option stop must be in [0, 1], got {stop!r}")
         self.num_steps = int(num_steps)
         self.window, self.flex, self.warmup, self.stop = int(window), float(flex), int(warmup), float(stop)
         # stable-diffusion.cpp multiplies in float32: 0.9f * 20 rounds to exactly 18.
@@ -103,9 +114,9 @@ class Spectrum:
     def __init__(self, num_steps: int, w: float = 0.40, m: int = 3, lam: float = 1.0, window: int = 2,
                  flex: float = 0.5, warmup: int = 4, stop: float = 0.9, *, normalize: bool = False,
                  tau_axis: str = "fixed50", taylor: str = "half") -> None:
-        _check(0.0 <= w <= 1.0, f"cache option w must be in [0, 1], got {w!r}")
-        _check(_is_int(m) and m >= 0, f"cache option m must be an integer >= 0, got {m!r}")
-        _check(np.isfinite(lam) and lam >= 0, f"cache option lam must be >= 0, got {lam!r}")
+        _check(_in_range(w, 0.0, 1.0), f"cache option w must be in [0, 1], got {w!r}")
+        _check(_is_int(m) and 0 <= m <= MAX_DEGREE, f"cache option m must be an integer from 0 to {MAX_DEGREE}, got {m!r}")
+        _check(_in_range(lam, 0.0, 1e6), f"cache option lam must be in [0, 1e6], got {lam!r}")
         _check(isinstance(normalize, bool), f"cache option normalize must be true or false, got {normalize!r}")
         _check(tau_axis in TAU_AXES, f"cache option tau_axis must be one of {', '.join(TAU_AXES)}, got {tau_axis!r}")
         _check(taylor in TAYLOR_MODES, f"cache option taylor must be one of {', '.join(TAYLOR_MODES)}, got {taylor!r}")

@@ -8,10 +8,11 @@ Rules (ComfyUI `comfy/sd1_clip.py` token_weights / parse_parentheses, re-derived
   (Python float syntax, surrounding spaces allowed); otherwise the whole inside is text at 1.1x.
 * "\\(" and "\\)" are literal parentheses; any other backslash is ordinary text.
 * Adjacent chunks with equal weight merge; empty chunks vanish; an empty prompt gives [].
-Malformed input never raises. Where ComfyUI behaves oddly we choose a local rule instead:
+Malformed input never raises (see MAX_NESTING below). Where ComfyUI behaves oddly we choose a local rule instead:
 an unmatched "(" or ")" is a literal character and does not change how the rest is read
 (ComfyUI turns the rest of the prompt into text after an unclosed "(", and a stray ")" shifts its
-nesting count). A non-finite weight ("inf", "nan") is not accepted as a weight.
+nesting count). A non-finite weight ("inf", "nan") is not accepted as a weight. Groups nest at most
+MAX_NESTING deep (ComfyUI has no limit; 1.1 ** 100 is already 13,780x): deeper is one AnimaError line.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..errors import AnimaError
+
 GROUP_FACTOR = 1.1
+MAX_NESTING = 100
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,9 @@ def _explicit_weight(inner: list[_Symbol]) -> tuple[list[_Symbol], float] | None
     return inner[:colon], weight
 
 
-def _walk(symbols: list[_Symbol], weight: float, out: list[tuple[str, float]]) -> None:
+def _walk(symbols: list[_Symbol], weight: float, out: list[tuple[str, float]], nesting: int = 0) -> None:
+    if nesting > MAX_NESTING:
+        raise AnimaError(f"prompt weights nest more than {MAX_NESTING} parentheses deep")
     text: list[str] = []
     i = 0
     while i < len(symbols):
@@ -91,15 +97,16 @@ def _walk(symbols: list[_Symbol], weight: float, out: list[tuple[str, float]]) -
         inner = symbols[i + 1 : close]
         explicit = _explicit_weight(inner)
         if explicit is None:
-            _walk(inner, weight * GROUP_FACTOR, out)
+            _walk(inner, weight * GROUP_FACTOR, out, nesting + 1)
         else:
-            _walk(*explicit, out)
+            _walk(*explicit, out, nesting + 1)
         i = close + 1
     out.append(("".join(text), weight))
 
 
 def parse_prompt_weights(text: str) -> list[tuple[str, float]]:
-    """Split a prompt into (text, weight) chunks; [] for an empty prompt."""
+    """Split a prompt into (text, weight) chunks; [] for an empty prompt. Raises AnimaError only for
+    nesting deeper than MAX_NESTING."""
     pieces: list[tuple[str, float]] = []
     _walk(_lex(text), 1.0, pieces)
     merged: list[tuple[str, float]] = []

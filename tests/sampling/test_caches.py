@@ -129,3 +129,41 @@ def test_spectrum_plus_beats_faithful_and_reuse(testbed_medians, mixture, steps)
     plus = testbed_medians[(*mixture, steps, "spectrum-plus")]
     assert plus < testbed_medians[(*mixture, steps, "spectrum")]
     assert plus < testbed_medians[(*mixture, steps, "reuse")]
+
+
+# ---- hostile option strings: parse + build never raise anything but AnimaError, and memory stays bounded ----
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from anima_rknn.sampling.caches import OPTION_TYPES  # noqa: E402
+from anima_rknn.spectrum import MAX_DEGREE  # noqa: E402
+
+_VALUES = st.sampled_from(["nan", "inf", "-inf", "1e999", "-1", "0", "1", "2.5", "99999999999999999999", "true",
+                           "no", "steps", "fixed50", "half", "fractional", "", " ", "=", "0x10", "1_000"])
+_ITEMS = st.tuples(st.sampled_from(list(OPTION_TYPES) + ["bogus", "", "W"]), _VALUES | st.text(max_size=8))
+OPTION_TEXT = st.lists(_ITEMS, max_size=8).map(lambda items: ",".join(f"{k}={v}" for k, v in items)) | st.text(max_size=60)
+
+
+@settings(max_examples=400, deadline=None)
+@given(OPTION_TEXT, st.sampled_from(CACHE_NAMES), st.integers(min_value=1, max_value=60))
+def test_any_option_string_builds_a_cache_or_raises_anima_error(text, name, steps):
+    try:
+        cache = make_cache(name, steps, parse_cache_options(text))
+    except AnimaError:
+        return
+    history = getattr(getattr(cache, "spectrum", None), "history_len", 0)
+    assert history <= max(MAX_DEGREE + 1, 6)
+    values = [np.full(4, float(i), dtype=np.float32) for i in range(steps)]
+    forecasts = run_schedule(cache, values)  # runs a whole schedule without error
+    assert all(np.isfinite(f).all() for f in forecasts.values())
+
+
+@pytest.mark.parametrize("text, pattern", [
+    ("m=1000000000", "m must be an integer from 0 to 8"),
+    ("w=nan", "w must be in"), ("lam=inf", "lam must be in"), ("stop=nan", "stop must be in"),
+    ("flex=1e308", "flex must be in"), ("window=0", "window must be an integer from 1"),
+])
+def test_out_of_range_options_are_refused(text, pattern):
+    with pytest.raises(AnimaError, match=pattern):
+        make_cache("spectrum", 20, parse_cache_options(text))

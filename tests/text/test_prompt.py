@@ -93,3 +93,44 @@ def test_chunks_reassemble_unweighted_text() -> None:
     assert "".join(chunk for chunk, _ in parse_prompt_weights(prompt)) == (
         "score_9, masterpiece, best quality, detailed eyes, 1girl"
     )
+
+
+# ---- hostile prompts: the parser never raises anything but AnimaError, and weights stay finite ----------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from anima_rknn.errors import AnimaError  # noqa: E402
+from anima_rknn.text.prompt import MAX_NESTING  # noqa: E402
+
+# Mostly the characters the grammar cares about, so that deep, odd and unbalanced groups are common.
+PROMPT_TEXT = st.text(alphabet=st.sampled_from("()(:\\\\)1.5e-nanif x,") | st.characters(), max_size=400)
+
+
+@settings(max_examples=300, deadline=None)
+@given(PROMPT_TEXT)
+def test_any_prompt_parses_or_raises_anima_error(prompt):
+    try:
+        chunks = parse_prompt_weights(prompt)
+    except AnimaError as e:
+        assert "nest more than" in str(e)
+        return
+    assert all(chunk and isinstance(weight, float) and weight == weight and abs(weight) != float("inf")
+               for chunk, weight in chunks)
+    if not any(c in prompt for c in "()"):  # without groups the prompt is one chunk, untouched
+        assert chunks == ([(prompt, 1.0)] if prompt else [])
+
+
+@pytest.mark.parametrize("depth", [MAX_NESTING, MAX_NESTING + 1, 50_000])
+def test_deep_nesting_is_bounded(depth):
+    prompt = "(" * depth + "x" + ")" * depth
+    if depth <= MAX_NESTING:
+        assert parse_prompt_weights(prompt) == [("x", pytest.approx(1.1**depth))]
+    else:
+        with pytest.raises(AnimaError, match=f"nest more than {MAX_NESTING}"):
+            parse_prompt_weights(prompt)
+
+
+def test_unbalanced_deep_prompt_is_plain_text():
+    """50,000 unmatched '(' are literal text: no recursion at all, no error."""
+    assert parse_prompt_weights("(" * 50_000 + "x") == [("(" * 50_000 + "x", 1.0)]
