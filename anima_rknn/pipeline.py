@@ -27,6 +27,7 @@ from .sampling.caches import make_cache
 from .sampling.euler import SampleResult, sample_euler
 from .sampling.schedule import flow_sigmas
 from .text import PromptTokenizer, load_text_encoder, qwen3_config_from_shapes
+from .text.prompt import parse_prompt_weights
 from .vae import decode_tiled, load_vae, read_vae_config
 from .vae.tiling import TILING_MODES, plan_tiling
 
@@ -96,8 +97,9 @@ class GenerationParams:
 
     def validate(self) -> None:
         """Every setting checked before any model loads: one AnimaError line for the first problem."""
-        check_text("prompt", self.prompt)
-        check_text("negative prompt", self.negative)
+        for name, text in (("prompt", self.prompt), ("negative prompt", self.negative)):
+            check_text(name, text)
+            parse_prompt_weights(text)  # refuses nesting beyond its bound now, not after the models load
         for name in ("width", "height"):
             _check_int(name, getattr(self, name), 16, MAX_SIDE)
         if self.width % 16 or self.height % 16:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -17,6 +18,10 @@ def cli() -> None:
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
+    # Once: a second SIGTERM (systemd signals the whole group, the supervisor forwards) must not cut the
+    # clean-up of the first short.
+    for other in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(other, signal.SIG_IGN)
     raise Terminated(signum)
 
 
@@ -45,3 +50,50 @@ def main() -> None:
     except Terminated as e:
         click.echo(f"terminated by {signal.Signals(e.signum).name}", err=True)
         sys.exit(128 + e.signum)
+
+
+# How a worker that the kernel killed is reported: what the user can do about it.
+_KILLED = {
+    signal.SIGBUS: "a model file was truncated or changed on disk while in use (bus error); no output was written",
+    signal.SIGKILL: "killed (SIGKILL; out of memory?); no output was written",
+}
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this process when the watcher dies (so a killed watcher leaves no orphan working on)."""
+    import ctypes
+    import ctypes.util
+
+    libc_name = ctypes.util.find_library("c")
+    if libc_name and sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(libc_name).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def run() -> None:
+    """The `anima-rknn` console script: main() in a forked worker, watched by this small process.
+
+    Model files are memory-mapped; one truncated on disk while mapped kills the process with SIGBUS, which
+    Python cannot catch. The watcher turns that (and the OOM killer's SIGKILL) into one error line and exit
+    code 1 instead of a bare "Bus error". It forks before torch is imported, so the fork is cheap and safe.
+    """
+    child = os.fork()
+    if child == 0:
+        # Its own process group: a signal reaches it once, through the watcher, and a dying watcher takes it along.
+        os.setpgid(0, 0)
+        _die_with_parent()
+        main()
+        sys.exit(0)
+
+    def forward(signum: int, frame: object) -> None:
+        os.kill(child, signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, forward)
+    _, status = os.waitpid(child, 0)
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        reason = _KILLED.get(signum, f"killed by {signal.Signals(signum).name}; no output was written")
+        click.echo(f"error: {reason}", err=True)
+        sys.exit(1 if signum == signal.SIGBUS else 128 + signum)
+    sys.exit(os.waitstatus_to_exitcode(status))

@@ -81,12 +81,19 @@ def generate(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt
     check_output_file(out_path, overwrite=overwrite, suffixes=(".png",))  # before minutes of work
     pipeline = AnimaPipeline(files)
 
-    with tqdm(total=steps, desc="denoise", unit="step", file=sys.stderr, dynamic_ncols=True) as bar:
-        def on_step(step: int, total: int, skipped: bool) -> None:
-            bar.set_postfix_str("forecast" if skipped else "model")
-            bar.update(1)
+    bars: list[tqdm] = []  # opened at the first step, so that an error before it prints no empty bar
 
+    def on_step(step: int, total: int, skipped: bool) -> None:
+        if not bars:
+            bars.append(tqdm(total=total, desc="denoise", unit="step", file=sys.stderr, dynamic_ncols=True))
+        bars[0].set_postfix_str("forecast" if skipped else "model")
+        bars[0].update(1)
+
+    try:
         result = pipeline.generate(params, on_step=on_step)
+    finally:
+        for bar in bars:
+            bar.close()
 
     if result.finite:
         save_png(result.image, out_path, overwrite=overwrite,

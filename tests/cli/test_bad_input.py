@@ -1,0 +1,289 @@
+"""The bad-input suite: hostile or careless input, met the way a user meets the CLI.
+
+Every case: input -> exit code, one line naming the problem, no traceback, and the output folder exactly as it
+was (no output, no temporary file). Add a row for every new finding. Checkpoint headers, manifests and training
+state have suites of their own beside their modules' tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from anima_rknn.checkpoint import load_tensors, save_tensors
+
+FAST = ("-W", "64", "-H", "64", "--steps", "2")
+USAGE = 2  # click's exit code for a value its type refuses
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under `folder` (hidden ones too) and its content hash."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def assert_refused(result, code: int, pattern: str) -> None:
+    assert result.code == code, (result.code, result.err)
+    assert "Traceback" not in result.err and "Traceback" not in result.out
+    if code == USAGE:  # click's usage errors: a usage line, then "Error: ..."
+        assert pattern in result.err, result.err
+        return
+    lines = [line for line in result.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and pattern in lines[0], result.err
+
+
+@pytest.fixture
+def out_dir(tmp_path):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("precious")
+    return folder
+
+
+GENERATE_CASES = [
+    # settings, checked before any model loads
+    (("--cfg", "nan"), USAGE, "not a finite number"),
+    (("--cfg", "1e9"), 1, "cfg must be a finite number from 0 to 100"),
+    (("--shift", "inf"), USAGE, "not a finite number"),
+    (("--shift", "0"), 1, "shift must be a finite number"),
+    (("--seed", str(2**64)), 1, "seed must be an integer from 0 to 18446744073709551615"),
+    (("--seed", "-2"), 1, "seed must be an integer from 0"),
+    (("-W", "100000"), 1, "width must be an integer from 16 to 4096"),
+    (("-W", "72"), 1, "multiples of 16"),
+    (("--steps", "1000000"), 1, "steps must be an integer from 1 to 1000"),
+    (("--vae-tile-size", "7"), 1, "VAE tile size must be an integer from 64"),
+    (("--vae-tile-overlap", "1000"), 1, "VAE tile overlap must be an integer from 0 to 256"),
+    (("--vae-tile-size", "100", "--vae-tile-overlap", "8"), 1, "multiples of 8 pixels"),
+    (("--cache", "spectrum", "--cache-option", "m=100000"), 1, "m must be an integer from 0 to 8"),
+    (("--cache", "spectrum", "--cache-option", "w=nan"), 1, "w must be in [0, 1]"),
+    (("--cache", "spectrum", "--cache-option", "flex=1e308"), 1, "flex must be in"),
+    (("--cache", "spectrum", "--spectrum-w", "nan"), USAGE, "not a finite number"),
+    (("--cache", "spectrum", "--cache-option", "m=3,m=4"), 1, "given twice"),
+    # prompts
+    (("--prompt", "(" * 200 + "cat" + ")" * 200), 1, "nest more than 100 parentheses deep"),
+    (("--prompt", "cat " * 6000), 1, "characters; at most 20000"),
+    (("--negative", "x" * 30000), 1, "negative prompt has 30000 characters"),
+    (("--prompt", "cat " * 4500), 1, "tokens long; at most 4096"),
+]
+
+
+@pytest.mark.parametrize("args, code, pattern", GENERATE_CASES, ids=[" ".join(c[0])[:40] for c in GENERATE_CASES])
+def test_generate_refuses(run_cli, model_dir, out_dir, args, code, pattern):
+    before = snapshot(out_dir)
+    base = ["generate", "--model", model_dir, "-p", "cat", *FAST, "-o", out_dir / "x.png"]
+    assert_refused(run_cli(*base, *args), code, pattern)
+    assert snapshot(out_dir) == before
+
+
+OUTPUT_CASES = [
+    ("x" * 250 + ".png", 1, "bytes long"),
+    ("x.txt", 1, "must be a .png file"),
+    ("keep.txt", 1, "must be a .png file"),
+    ("sub", USAGE, "is a directory"),
+    ("missing/x.png", 1, "does not exist or is not writable"),
+    ("taken.png", 1, "exists; pass --overwrite"),
+]
+
+
+@pytest.mark.parametrize("name, code, pattern", OUTPUT_CASES)
+def test_generate_checks_its_output_before_any_work(run_cli, model_dir, out_dir, name, code, pattern):
+    (out_dir / "sub").mkdir()
+    (out_dir / "taken.png").write_bytes(b"someone else's picture")
+    before = snapshot(out_dir)
+    started = time.perf_counter()
+    result = run_cli("generate", "--model", model_dir, "-p", "cat", "--steps", "1000", "-o", out_dir / name)
+    assert_refused(result, code, pattern)
+    assert time.perf_counter() - started < 30  # refused up front, not after 1000 steps
+    assert snapshot(out_dir) == before
+
+
+@pytest.mark.parametrize("args, code, pattern", [
+    (("--min-psnr", "nan"), USAGE, "not a finite number"),
+    (("--min-ssim", "inf"), USAGE, "not a finite number"),
+    (("--seeds", "1,x"), 1, "comma list of integers"),
+    (("--seeds", f"1,{2**64}"), 1, "seeds must be integers from 0 to"),
+    (("--cfg", "-1"), 1, "cfg must be a finite number from 0"),
+])
+def test_bench_refuses(run_cli, model_dir, out_dir, args, code, pattern):
+    before = snapshot(out_dir.parent)
+    result = run_cli("bench", "--model", model_dir, "-p", "cat", *FAST, "--out", out_dir / "report", *args)
+    assert_refused(result, code, pattern)
+    assert snapshot(out_dir.parent) == before
+
+
+@pytest.mark.parametrize("command", [
+    ("bench", "--model", "{model}", "-p", "cat", *FAST, "--out", "{out}"),
+    ("make-tiny", "--out", "{out}"),
+])
+def test_foreign_folders_are_refused_unchanged(run_cli, model_dir, out_dir, command):
+    before = snapshot(out_dir)
+    args = [str(a).format(model=model_dir, out=out_dir) for a in command]
+    assert_refused(run_cli(*args), 1, "is not empty")
+    assert snapshot(out_dir) == before
+
+
+# ---- NaN anywhere: "no image was written", exit 1 ------------------------------------------------------------
+
+def _poisoned(source: Path, folder: Path, pick: str) -> Path:
+    """A copy of a real checkpoint with the first tensor whose name contains `pick` set to NaN."""
+    tensors = {k: v.clone() for k, v in load_tensors(source, "model").items()}
+    name = next(k for k in tensors if pick in k)
+    tensors[name] = torch.full_like(tensors[name], float("nan"))
+    path = folder / source.name
+    save_tensors(tensors, path)
+    return path
+
+
+@pytest.mark.parametrize("part, pick, pattern", [
+    ("dit", "final_layer.linear.weight", "the final latent is not finite"),
+    ("dit", "llm_adapter.", "the prompt conditioning is not finite"),
+    ("text_encoder", "embed_tokens", "the prompt conditioning is not finite"),
+    ("vae", "decoder.head", "the VAE decoded non-finite pixels"),
+])
+def test_nan_weights_write_no_image(run_cli, tiny_set, out_dir, tmp_path, part, pick, pattern):
+    files = {"dit": tiny_set.dit, "text_encoder": tiny_set.text_encoder, "vae": tiny_set.vae}
+    files[part] = _poisoned(files[part], tmp_path, pick)
+    before = snapshot(out_dir)
+    result = run_cli("generate", "--dit", files["dit"], "--text-encoder", files["text_encoder"], "--vae", files["vae"],
+                     "--qwen-tokenizer", tiny_set.qwen_tokenizer, "--t5-tokenizer", tiny_set.t5_tokenizer,
+                     "-p", "cat", *FAST, "-o", out_dir / "x.png")
+    assert result.code == 1 and "Traceback" not in result.err
+    assert pattern in result.err and "no image was written" in result.err.splitlines()[-1]
+    assert snapshot(out_dir) == before
+
+
+def test_huge_prompt_weight_writes_no_image(run_cli, model_dir, out_dir):
+    before = snapshot(out_dir)
+    result = run_cli("generate", "--model", model_dir, "-p", "(cat:1e300)", *FAST, "-o", out_dir / "x.png")
+    assert_refused(result, 1, "the prompt conditioning is not finite")
+    assert snapshot(out_dir) == before
+
+
+# ---- seeds and JSON -------------------------------------------------------------------------------------------
+
+def _strict_json(text: str):
+    def refuse(token: str):
+        raise ValueError(f"non-standard JSON token {token}")
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**64 - 1), "0"])
+def test_seeds_cover_64_bits_and_minus_one_draws_one(run_cli, model_dir, tmp_path, seed):
+    out = tmp_path / "s.png"
+    result = run_cli("generate", "--model", model_dir, "-p", "cat", *FAST, "-o", out, "--json")
+    assert result.code == 0
+    result = run_cli("generate", "--model", model_dir, "-p", "cat", *FAST, "--seed", seed, "-o", out, "--overwrite",
+                     "--json")
+    assert result.code == 0, result.err
+    used = _strict_json(result.out)["seed"]
+    assert 0 <= used < 2**64 and (seed == "-1" or used == int(seed))
+    assert f"Seed: {used}," in Image.open(out).text["parameters"]
+
+
+def test_random_seed_reproduces_with_the_reported_seed(run_cli, model_dir, tmp_path):
+    first = _strict_json(run_cli("generate", "--model", model_dir, "-p", "cat", *FAST, "--seed", "-1",
+                                 "-o", tmp_path / "a.png", "--json").out)
+    again = run_cli("generate", "--model", model_dir, "-p", "cat", *FAST, "--seed", str(first["seed"]),
+                    "-o", tmp_path / "b.png")
+    assert again.code == 0
+    assert Image.open(tmp_path / "a.png").tobytes() == Image.open(tmp_path / "b.png").tobytes()
+
+
+# ---- in a real process: argv bytes, signals, bus errors, full disks, races ------------------------------------
+
+def _command(*args) -> list[str | bytes]:
+    return [sys.executable, "-m", "anima_rknn", *args]
+
+
+def test_invalid_utf8_argument_is_one_line(model_dir, out_dir):
+    before = snapshot(out_dir)
+    done = subprocess.run(_command("generate", "--model", str(model_dir), "-p", b"caf\xe9 \xff", *FAST,
+                                   "-o", str(out_dir / "x.png")), capture_output=True, timeout=300)
+    err = done.stderr.decode(errors="replace")
+    assert done.returncode == 1 and "Traceback" not in err
+    assert err.strip() == "error: the prompt is not valid UTF-8 text"
+    assert snapshot(out_dir) == before
+
+
+def _wait_for_denoising(process: subprocess.Popen, log: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while "denoise:" not in log.read_text(errors="replace"):
+        assert process.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "denoising never started"
+        time.sleep(0.2)
+    time.sleep(1.0)  # into the loop
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_signal_mid_run_leaves_nothing_behind(model_dir, out_dir, tmp_path, signum):
+    before = snapshot(out_dir)
+    log = tmp_path / "log.txt"
+    with open(log, "wb") as stderr:
+        process = subprocess.Popen(_command("generate", "--model", str(model_dir), "-p", "cat", "-W", "64", "-H", "64",
+                                            "--steps", "1000", "-o", str(out_dir / "x.png")), stderr=stderr)
+        _wait_for_denoising(process, log)
+        process.send_signal(signum)
+        code = process.wait(timeout=120)
+    assert code == 128 + signum, log.read_text()
+    assert "Traceback" not in log.read_text()
+    assert snapshot(out_dir) == before
+
+
+def test_model_file_truncated_while_mapped_is_one_line(tiny_set, out_dir, tmp_path):
+    """A DiT cut short on disk mid-run kills the worker with SIGBUS; the console script says so in one line."""
+    dit = tmp_path / "dit.safetensors"
+    dit.write_bytes(tiny_set.dit.read_bytes())
+    log = tmp_path / "log.txt"
+    before = snapshot(out_dir)
+    with open(log, "wb") as stderr:
+        process = subprocess.Popen(_command(
+            "generate", "--dit", str(dit), "--text-encoder", str(tiny_set.text_encoder), "--vae", str(tiny_set.vae),
+            "--qwen-tokenizer", str(tiny_set.qwen_tokenizer), "--t5-tokenizer", str(tiny_set.t5_tokenizer),
+            "-p", "cat", "-W", "64", "-H", "64", "--steps", "1000", "-o", str(out_dir / "x.png")), stderr=stderr)
+        _wait_for_denoising(process, log)
+        os.truncate(dit, 1000)
+        code = process.wait(timeout=120)
+    text = log.read_text()
+    assert code == 1 and "Traceback" not in text and "Bus error" not in text
+    assert text.rstrip().endswith("error: a model file was truncated or changed on disk while in use (bus error); "
+                                  "no output was written")
+    assert snapshot(out_dir) == before
+
+
+def _limit_file_size() -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+
+
+def test_a_write_that_fails_is_one_line_and_leaves_no_temporary(model_dir, out_dir):
+    """A disk that fills up mid-write (here: a file-size limit, the same write error path)."""
+    before = snapshot(out_dir)
+    done = subprocess.run(_command("generate", "--model", str(model_dir), "-p", "cat", *FAST,
+                                   "-o", str(out_dir / "x.png")),
+                          capture_output=True, text=True, timeout=300, preexec_fn=_limit_file_size)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == f"error: cannot write {out_dir / 'x.png'}: File too large"
+    assert snapshot(out_dir) == before
+
+
+def test_two_runs_racing_to_one_path_cannot_both_succeed(model_dir, out_dir):
+    target = out_dir / "race.png"
+    runs = [subprocess.Popen(_command("generate", "--model", str(model_dir), "-p", "cat", *FAST, "--seed", str(seed),
+                                      "-o", str(target)), stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
+    results = [(run.wait(timeout=300), run.stderr.read()) for run in runs]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 1], results
+    loser = next(err for code, err in results if code == 1)
+    assert "exists; pass --overwrite" in loser or "appeared while this run was working" in loser
+    assert sorted(p.name for p in out_dir.iterdir()) == ["keep.txt", "race.png"]
