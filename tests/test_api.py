@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import anima_rknn
@@ -28,3 +29,25 @@ def test_spectrum_imports_without_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("call, pattern", [
+    (lambda files: anima_rknn.AnimaPipeline("models/anima"), "takes the ModelFiles"),
+    (lambda files: anima_rknn.AnimaPipeline(files).generate("a cat"), "takes a GenerationParams"),
+    (lambda files: anima_rknn.GenerationParams(prompt=None).validate(), "prompt must be text"),
+    (lambda files: anima_rknn.GenerationParams(prompt="x", steps="20").validate(), "steps must be an integer"),
+    (lambda files: anima_rknn.GenerationParams(prompt="x", cfg=float("nan")).validate(), "cfg must be a finite"),
+    (lambda files: anima_rknn.GenerationParams(prompt="x", backend=3).validate(), "unknown backend"),
+    (lambda files: anima_rknn.GenerationParams(prompt="x", cache="spectrum",
+                                               cache_options={"w": "high"}).validate(), "w must be in"),
+    (lambda files: anima_rknn.GenerationParams(prompt="x", cache_options=[1]).validate(), "must be a dict"),
+])
+def test_the_public_api_raises_anima_error_only(tiny_set, call, pattern):
+    with pytest.raises(anima_rknn.AnimaError, match=pattern):
+        call(tiny_set)
+
+
+def test_random_seed_is_drawn_once_and_kept():
+    params = anima_rknn.GenerationParams(prompt="x", seed=-1)
+    assert 0 <= params.seed < 2**64 and params.seed != -1
+    params.validate()

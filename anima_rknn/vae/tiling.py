@@ -14,10 +14,12 @@ from ..errors import AnimaError
 from .wan import WanVAE, WanVAEConfig
 
 TILING_MODES = ("auto", "on", "off")
-# Fitted on this project's decoder (benchmarks/vae_memory.py): the middle attention materialises two
-# n x n float32 matrices over the n latent pixels, and the full-resolution stage holds about six
-# `dim`-channel float32 images. Over-estimates the measured peak by 5-35%.
-_ATTENTION_COPIES, _FULL_RES_COPIES, _OVERHEAD_BYTES = 2, 6, 64 << 20
+# Fitted on this project's decoder (benchmarks/vae_memory.py, figures in the README): the middle attention
+# materialises two n x n float32 matrices over the n latent pixels, and the full-resolution stage holds about
+# seven `dim`-channel float32 images. Errs on the high side (1.1-1.3x the measured peak from 512x512 up).
+_ATTENTION_COPIES, _FULL_RES_COPIES, _OVERHEAD_BYTES = 2, 7, 128 << 20
+# A tiled decode also holds the float32 RGB image, the weight sum and the blend's temporaries.
+_TILED_BYTES_PER_PIXEL = 32
 # Decode in one piece only while the estimate leaves this share of the available memory free.
 _AUTO_SHARE = 0.75
 
@@ -27,6 +29,12 @@ def decode_bytes(config: WanVAEConfig, width: int, height: int) -> int:
     latent_pixels = (width // config.scale_factor) * (height // config.scale_factor)
     attention = _ATTENTION_COPIES * 4 * latent_pixels**2
     return attention + _FULL_RES_COPIES * 4 * config.dim * width * height + _OVERHEAD_BYTES
+
+
+def tiled_decode_bytes(config: WanVAEConfig, width: int, height: int, tile_px: int) -> int:
+    """Estimated peak memory of decoding in tiles of `tile_px`: one tile's decode plus the blended image."""
+    return (decode_bytes(config, min(tile_px, width), min(tile_px, height))
+            + _TILED_BYTES_PER_PIXEL * width * height)
 
 
 def plan_tiling(config: WanVAEConfig, width: int, height: int, mode: str, tile_px: int,
@@ -39,7 +47,7 @@ def plan_tiling(config: WanVAEConfig, width: int, height: int, mode: str, tile_p
     if mode == "auto":
         mode = "on" if available is not None and whole > _AUTO_SHARE * available else "off"
     tile = None if mode == "off" or tile_px >= max(width, height) else tile_px
-    need = whole if tile is None else decode_bytes(config, min(tile, width), min(tile, height))
+    need = whole if tile is None else tiled_decode_bytes(config, width, height, tile)
     if available is not None and need > available:
         how = "in one piece" if tile is None else f"in {tile}-px tiles"
         raise AnimaError(f"decoding {width}x{height} {how} needs about {need / 2**30:.1f} GiB, but only "

@@ -8,7 +8,7 @@ from torch import nn
 
 from anima_rknn.errors import AnimaError
 from anima_rknn.vae import WanVAE, WanVAEConfig, decode_tiled, random_vae
-from anima_rknn.vae.tiling import _feather
+from anima_rknn.vae.tiling import _feather, decode_bytes, plan_tiling, tiled_decode_bytes
 
 
 def _without_attention(vae: WanVAE) -> WanVAE:
@@ -92,3 +92,39 @@ def test_feather_ramps_are_linear_and_complementary() -> None:
     assert _feather(start=0, size=12, total=64, ramp=4).tolist() == pytest.approx([1.0] * 8 + ramp[::-1])
     assert _feather(start=52, size=12, total=64, ramp=4).tolist() == pytest.approx(ramp + [1.0] * 8)
     assert _feather(start=0, size=12, total=12, ramp=4).tolist() == [1.0] * 12
+
+
+# ---- deciding tiling from a memory estimate --------------------------------------------------------------
+
+
+GIB = 2**30
+REAL_VAE = WanVAEConfig()  # the real Qwen-Image VAE's width
+
+
+def test_one_piece_memory_grows_with_the_square_of_the_pixels():
+    """The middle attention's n x n matrices dominate large images: 2048x2048 wants tens of GiB in one piece."""
+    assert decode_bytes(REAL_VAE, 2048, 2048) > 32 * GIB
+    assert decode_bytes(REAL_VAE, 1024, 1024) < 6 * GIB
+    assert tiled_decode_bytes(REAL_VAE, 2048, 2048, 512) < 1.2 * GIB
+
+
+@pytest.mark.parametrize("mode, size, available, expected", [
+    ("auto", 1024, 8 * GIB, None),  # fits comfortably: one piece, exactly as before
+    ("auto", 2048, 8 * GIB, 512),  # would not fit: tiles, automatically
+    ("auto", 2048, None, None),  # memory unknown: the user decides
+    ("on", 1024, 8 * GIB, 512),
+    ("on", 256, 8 * GIB, None),  # one tile covers the image
+    ("off", 1024, 8 * GIB, None),
+])
+def test_plan(mode, size, available, expected):
+    assert plan_tiling(REAL_VAE, size, size, mode, 512, available) == expected
+
+
+@pytest.mark.parametrize("mode, tile, pattern", [
+    ("off", 512, "in one piece needs about .* GiB, but only 2.0 GiB .* use --vae-tiling"),
+    ("auto", 4096, "in one piece needs"),  # a tile as large as the image is one piece
+    ("on", 2048, "in 2048-px tiles needs .* use a smaller --vae-tile-size"),
+])
+def test_what_cannot_fit_is_refused_up_front(mode, tile, pattern):
+    with pytest.raises(AnimaError, match=pattern):
+        plan_tiling(REAL_VAE, 4096, 4096, mode, tile, 2 * GIB)

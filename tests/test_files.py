@@ -1,0 +1,140 @@
+"""The output module's rules, each tried the way it could break: races, failures mid-write, odd names."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+
+import pytest
+
+from anima_rknn import files
+from anima_rknn.errors import AnimaError
+from anima_rknn.files import atomic_path, check_output_file, json_text, output_folder, write_json
+
+
+def test_publishes_whole_and_leaves_no_temporary(tmp_path):
+    target = tmp_path / "a.json"
+    write_json(target, {"x": 1}, overwrite=False)
+    assert json.loads(target.read_text()) == {"x": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+def test_an_error_inside_the_block_publishes_nothing(tmp_path):
+    target = tmp_path / "a.png"
+    with pytest.raises(RuntimeError), atomic_path(target, overwrite=True) as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("crash mid-write")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_that_appears_during_the_work_is_not_replaced(tmp_path):
+    target = tmp_path / "a.png"
+    with pytest.raises(AnimaError, match="appeared while this run was working"):
+        with atomic_path(target, overwrite=False) as tmp:
+            tmp.write_bytes(b"ours")
+            target.write_bytes(b"theirs")  # another program writes the same path meanwhile
+    assert target.read_bytes() == b"theirs"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.png"]
+
+
+def test_overwrite_replaces_at_publish_time(tmp_path):
+    target = tmp_path / "a.png"
+    target.write_bytes(b"old")
+    with atomic_path(target, overwrite=True) as tmp:
+        tmp.write_bytes(b"new")
+    assert target.read_bytes() == b"new"
+
+
+def test_of_many_racing_writers_exactly_one_wins(tmp_path):
+    target = tmp_path / "race.txt"
+    barrier = threading.Barrier(8)
+    outcomes: list[str] = []
+
+    def writer(i: int) -> None:
+        try:
+            with atomic_path(target, overwrite=False) as tmp:
+                tmp.write_text(str(i))
+                barrier.wait()  # every writer has passed the up-front check before any publishes
+            outcomes.append("won")
+        except AnimaError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["refused"] * 7 + ["won"]
+    assert [p.name for p in tmp_path.iterdir()] == ["race.txt"]
+
+
+def test_without_hard_links_the_name_is_claimed_exclusively(tmp_path, monkeypatch):
+    """FAT file systems (SD cards) have no hard links: the fallback must keep the no-replace rule."""
+    def no_links(src, dst):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    target = tmp_path / "a.png"
+    with atomic_path(target, overwrite=False) as tmp:
+        tmp.write_bytes(b"first")
+    assert target.read_bytes() == b"first"
+    with pytest.raises(AnimaError, match="appeared while this run was working"):
+        with atomic_path(tmp_path / "b.png", overwrite=False) as tmp:
+            tmp.write_bytes(b"ours")
+            (tmp_path / "b.png").write_bytes(b"theirs")
+    assert (tmp_path / "b.png").read_bytes() == b"theirs"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "b.png"]
+
+
+@pytest.mark.parametrize("name, pattern", [
+    ("x" * 241 + ".png", "bytes long"),
+    ("x.jpg", "must be a .png file"),
+    ("\ud800.png", "not valid text"),  # a lone surrogate no file system encoding can write
+])
+def test_names_are_checked_before_the_work(tmp_path, name, pattern):
+    with pytest.raises(AnimaError, match=pattern):
+        check_output_file(tmp_path / name, overwrite=False, suffixes=(".png",))
+
+
+def test_the_longest_accepted_name_can_really_be_written(tmp_path):
+    name = "x" * (255 - 15 - 4) + ".png"
+    path = check_output_file(tmp_path / name, overwrite=False, suffixes=(".png",))
+    with atomic_path(path, overwrite=False) as tmp:
+        tmp.write_bytes(b"ok")
+    assert path.read_bytes() == b"ok"
+
+
+def test_output_folder_rules(tmp_path):
+    folder = tmp_path / "set"
+    assert output_folder(folder, overwrite=False, holds="x").is_dir()  # new: created
+    assert output_folder(folder, overwrite=False, holds="x") == folder  # empty: fine
+    (folder / "theirs.txt").write_text("keep")
+    with pytest.raises(AnimaError, match="is not empty"):
+        output_folder(folder, overwrite=False, holds="other files")
+    (folder / "progress.json").write_text("{}")
+    assert output_folder(folder, overwrite=False, holds="x", resumable="progress.json") == folder
+    (folder / "progress.json").unlink()
+    (folder / "progress.json").symlink_to(tmp_path / "elsewhere.json")  # a planted marker is not ours
+    with pytest.raises(AnimaError, match="is not empty"):
+        output_folder(folder, overwrite=False, holds="x", resumable="progress.json")
+    with pytest.raises(AnimaError, match="bytes long"):
+        output_folder(tmp_path / "new", overwrite=False, holds="x", names=["y" * 250])
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(AnimaError, match="is a file, not a folder"):
+        output_folder(tmp_path / "file", overwrite=True, holds="x")
+
+
+def test_json_is_strict():
+    text = json_text({"psnr": float("inf"), "nan": float("nan"), "list": [1.5, float("-inf")]})
+    assert json.loads(text) == {"psnr": "inf", "nan": "nan", "list": [1.5, "-inf"]}
+    assert "NaN" not in text and "Infinity" not in text
+
+
+def test_is_temporary_recognises_only_our_temporaries(tmp_path):
+    with atomic_path(tmp_path / "a.png", overwrite=False) as tmp:
+        assert files.is_temporary(tmp)
+        tmp.write_bytes(b"x")
+    assert not files.is_temporary(tmp_path / "a.png")
