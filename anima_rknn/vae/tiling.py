@@ -16,7 +16,7 @@ from .wan import WanVAE, WanVAEConfig
 TILING_MODES = ("auto", "on", "off")
 # Fitted on this project's decoder (benchmarks/vae_memory.py, figures in the README): the middle attention
 # materialises two n x n float32 matrices over the n latent pixels, and the full-resolution stage holds about
-# seven `dim`-channel float32 images. Errs on the high side (1.1-1.3x the measured peak from 512x512 up).
+# seven `dim`-channel float32 images. Errs on the high side: 1.1-1.9x the measured peak from 512x512 up.
 _ATTENTION_COPIES, _FULL_RES_COPIES, _OVERHEAD_BYTES = 2, 7, 128 << 20
 # A tiled decode also holds the float32 RGB image, the weight sum and the blend's temporaries.
 _TILED_BYTES_PER_PIXEL = 32
