@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import click
-from tqdm import tqdm
 
 from ..demo import demo_model_dir
 from ..demo.evaluate import adherence, adherence_table, contact_sheet, generate_images, judge, prompt_set
+from ..files import check_output_file, json_text, save_png
 from ..sampling.caches import CACHE_NAMES
 from . import cli
 
@@ -26,20 +24,20 @@ from . import cli
 @click.option("--cache", type=click.Choice(CACHE_NAMES), default="none", show_default=True)
 @click.option("--sheet", type=click.Path(dir_okay=False), default="demo_sheet.png", show_default=True,
               help="Contact sheet PNG with every picture and its prompt.")
+@click.option("--overwrite", is_flag=True, help="Replace --sheet if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Also print the scores as one JSON object.")
 def eval_demo(model: str | None, count: int, steps: int, cfg: float, seed: int, cache: str, sheet: str,
-              as_json: bool) -> None:
+              overwrite: bool, as_json: bool) -> None:
     """Score how well the demo model follows its prompts (background, shape colour, position, shape)."""
-    model_dir = Path(model) if model else demo_model_dir()
+    sheet_path = check_output_file(sheet, overwrite=overwrite, suffixes=(".png",))  # before minutes of work
     specs = prompt_set(count)
-    with tqdm(total=count, desc="generate", unit="prompt", file=sys.stderr, dynamic_ncols=True) as bar:
-        images = generate_images(model_dir, specs, steps=steps, cfg=cfg, seed=seed, cache=cache,
-                                 on_image=lambda: bar.update(1))
+    model_dir = Path(model) if model else demo_model_dir()
+    images = generate_images(model_dir, specs, steps=steps, cfg=cfg, seed=seed, cache=cache, progress=True)
     judged = judge(specs, images)
     click.echo(adherence_table(judged))
-    contact_sheet(judged, sheet)
-    click.echo(f"wrote contact sheet {sheet}")
+    save_png(contact_sheet(judged), sheet_path, overwrite=overwrite)
+    click.echo(f"wrote contact sheet {sheet_path}")
     if as_json:
-        click.echo(json.dumps({"train": adherence(judged, lambda j: not j.spec.held_out),
-                               "held_out": adherence(judged, lambda j: j.spec.held_out),
-                               "all": adherence(judged)}))
+        click.echo(json_text({"train": adherence(judged, lambda j: not j.spec.held_out),
+                              "held_out": adherence(judged, lambda j: j.spec.held_out),
+                              "all": adherence(judged)}))

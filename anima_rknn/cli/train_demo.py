@@ -13,7 +13,7 @@ from . import cli
 
 @cli.command("train-demo")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
-              help="Folder for the model set; a run interrupted there resumes from its last checkpoint.")
+              help="Folder for the model set: new or empty; a run interrupted there resumes from its last checkpoint.")
 @click.option("--minutes", type=float, default=DemoConfig.minutes, show_default=True,
               help="Wall-clock budget for both stages together.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -21,11 +21,13 @@ from . import cli
 @click.option("--dit-steps", type=int, default=None, help="Train the DiT this many steps instead of by time.")
 @click.option("--threads", type=int, default=2, show_default=True,
               help="Torch threads; 1 is faster on a machine busy with other jobs.")
+@click.option("--overwrite", is_flag=True,
+              help="Train into a folder holding other files (e.g. a make-tiny model set), replacing its model files.")
 def train_demo_command(out: str, minutes: float, seed: int, vae_steps: int | None, dit_steps: int | None,
-                       threads: int) -> None:
+                       threads: int, overwrite: bool) -> None:
     """Train the demo model set (about 35 minutes on 2 cores)."""
     config = dataclasses.replace(DemoConfig(), seed=seed, minutes=minutes, vae_steps=vae_steps, dit_steps=dit_steps)
-    results = train_demo(Path(out), config, threads=threads)
+    results = train_demo(Path(out), config, threads=threads, overwrite=overwrite)
     for name, r in results.items():
         click.echo(f"{name}: {r.steps} steps in {r.seconds / 60:.1f} min, loss {r.first_loss:.4f} -> {r.last_loss:.4f}")
     click.echo(f"wrote the demo model set to {out}")

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import textwrap
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
+from tqdm import tqdm
 
-from ..files import atomic_path
+from ..errors import AnimaError
 from ..model_set import from_model_dir
 from ..pipeline import AnimaPipeline, GenerationParams
 from . import dataset
@@ -81,8 +82,12 @@ def read_image(image: np.ndarray) -> Reading:
 
 def prompt_set(count: int = 24, seed: int = 7) -> list[ShapeSpec]:
     """A fixed set of prompts, every third one a held-out colour pair, no combination twice."""
-    rng = np.random.default_rng(seed)
     pools = {split: list(dataset.combinations(split)) for split in ("train", "held_out")}
+    # count - count // 3 train and count // 3 held-out prompts must fit their pools
+    most = min(3 * len(pools["train"]) // 2, 3 * len(pools["held_out"]) + 2)
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= most:
+        raise AnimaError(f"the prompt set has 1 to {most} prompts, got {count!r:.40}")
+    rng = np.random.default_rng(seed)
     order = {split: rng.permutation(len(pool)) for split, pool in pools.items()}
     taken = {"train": 0, "held_out": 0}
     specs = []
@@ -106,18 +111,21 @@ class Judged:
 
 def generate_images(model_dir: str | os.PathLike, specs: Sequence[ShapeSpec], *, steps: int = 20, cfg: float = 4.0,
                     seed: int = 1000, cache: str = "none", pipeline: AnimaPipeline | None = None,
-                    on_image: Callable[[], None] | None = None) -> list[np.ndarray]:
-    """One image per prompt at the dataset's size; prompt i uses seed + i (a non-finite one comes back black)."""
-    pipeline = pipeline or AnimaPipeline(from_model_dir(model_dir), keep_dit=True)
+                    progress: bool = False) -> list[np.ndarray]:
+    """One image per prompt at the dataset's size; prompt i uses seed + i (a non-finite one comes back black).
+
+    The settings are checked before the model loads; `progress` shows a bar on stderr from then on."""
     size = dataset.IMAGE_SIZE
+    all_params = [GenerationParams(prompt=spec.caption, width=size, height=size, steps=steps, cfg=cfg,
+                                   seed=seed + i, cache=cache) for i, spec in enumerate(specs)]
+    for params in all_params:
+        params.validate()  # before the model loads
+    pipeline = pipeline or AnimaPipeline(from_model_dir(model_dir), keep_dit=True)
     images = []
-    for i, spec in enumerate(specs):
-        params = GenerationParams(prompt=spec.caption, width=size, height=size, steps=steps, cfg=cfg,
-                                  seed=seed + i, cache=cache)
+    for params in tqdm(all_params, desc="generate", unit="prompt", file=sys.stderr, dynamic_ncols=True,
+                       disable=not progress):
         result = pipeline.generate(params)
         images.append(np.asarray(result.image) if result.image is not None else np.zeros((size, size, 3), np.uint8))
-        if on_image is not None:
-            on_image()
     return images
 
 
@@ -145,7 +153,7 @@ def adherence_table(judged: Sequence[Judged]) -> str:
     return "\n".join(lines)
 
 
-def contact_sheet(judged: Sequence[Judged], path: str | os.PathLike, columns: int = 6, scale: int = 2) -> None:
+def contact_sheet(judged: Sequence[Judged], columns: int = 6, scale: int = 2) -> Image.Image:
     """A grid of the pictures, each with its prompt and the attributes the reader got wrong."""
     font = ImageFont.load_default()
     cell = dataset.IMAGE_SIZE * scale
@@ -160,5 +168,4 @@ def contact_sheet(judged: Sequence[Judged], path: str | os.PathLike, columns: in
         label = textwrap.wrap(j.spec.caption, 21)[:3]
         label.append(("held-out: " if j.spec.held_out else "") + ("ok" if not wrong else "wrong " + ",".join(wrong)))
         draw.multiline_text((x + 2, y + cell + 1), "\n".join(label), fill="black", font=font, spacing=1)
-    with atomic_path(Path(path), overwrite=True) as tmp:
-        sheet.save(tmp, format="PNG")
+    return sheet

@@ -3,7 +3,8 @@
 Everything is the project's own model code and file formats; the Qwen3 text encoder is frozen random (the
 adapter learns to read it). The DiT learns rectified flow (x_t = (1-s) x0 + s eps, target v = eps - x0) with
 caption dropout for CFG and an EMA copy, which is what gets shipped. Samples and noise are functions of
-(seed, step), and a checkpoint is written every minute, so an interrupted run resumes where it stopped.
+(seed, step), and a checkpoint is written every minute, so an interrupted run resumes where it stopped
+(`state` keeps it, as safetensors and JSON).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from tqdm import tqdm
 
 from ..checkpoint import load_tensors, read_metadata, save_tensors
 from ..errors import AnimaError
-from ..files import atomic_path
+from ..files import output_folder, write_json
 from ..model.config import DiTConfig
 from ..model.dit import AnimaDiT
 from ..model.io import save_dit
@@ -35,6 +36,8 @@ from ..text import PromptTokenizer, build_word_tokenizers, load_text_encoder, wr
 from ..tiny_set import WORDS
 from ..vae import WanVAE, WanVAEConfig, save_vae
 from . import dataset
+from . import state as train_state
+from .state import StageState
 
 CHECKPOINT_EVERY_S = 60.0
 LOG_WINDOW = 50  # steps averaged for the loss shown and logged
@@ -84,8 +87,90 @@ class DemoConfig:
 
     @classmethod
     def from_json(cls, text: str) -> DemoConfig:
-        raw = json.loads(text)
-        return cls(**{**raw, "text_encoder": TextEncoderSize(**raw["text_encoder"]), "dit": DiTConfig(**raw["dit"])})
+        try:
+            raw = json.loads(text)
+        except (ValueError, RecursionError):
+            raise AnimaError("the demo config is not valid JSON") from None
+        return cls.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: object) -> DemoConfig:
+        """A config read from a file: exactly the fields of DemoConfig, each checked like user input."""
+        config = _build(cls, raw, "the demo config")
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if not isinstance(self.text_encoder, TextEncoderSize) or not isinstance(self.dit, DiTConfig):
+            raise AnimaError("text_encoder and dit must be a TextEncoderSize and a DiTConfig")
+        for prefix, part in (("", self), ("text_encoder.", self.text_encoder), ("dit.", self.dit)):
+            for field in dataclasses.fields(part):
+                if field.name not in _NESTED:
+                    _RULES.get(field.name, _SIZE).check(prefix + field.name, getattr(part, field.name))
+        if self.dit.adapter_source_dim != self.text_encoder.hidden:
+            raise AnimaError("the DiT's adapter_source_dim must equal the text encoder width")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Range:
+    """What a config value may be: an int or a finite number, between bounds (open or closed), or None."""
+
+    kind: type
+    low: float
+    high: float = math.inf
+    open_low: bool = False
+    open_high: bool = False
+    optional: bool = False
+
+    def check(self, name: str, value: object) -> None:
+        if value is None and self.optional:
+            return
+        kinds = (int,) if self.kind is int else (int, float)
+        ok = (isinstance(value, kinds) and not isinstance(value, bool)
+              and not (isinstance(value, float) and not math.isfinite(value))
+              and (value > self.low if self.open_low else value >= self.low)
+              and (value < self.high if self.open_high or self.high == math.inf else value <= self.high))
+        if not ok:
+            raise AnimaError(f"{name} must be {self.describe()}, got {_brief(value)}")
+
+    def describe(self) -> str:
+        kind = "an integer" if self.kind is int else "a finite number"
+        if self.high == math.inf:
+            bound = f"{'>' if self.open_low else '>='} {self.low}"
+        else:
+            bound = f"in {'(' if self.open_low else '['}{self.low}, {self.high}{')' if self.open_high else ']'}"
+        return f"{kind} {bound}" + (" or null" if self.optional else "")
+
+
+def _brief(value: object) -> str:
+    """A value as a one-line message shows it (an int too long to print is described)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"an integer of {value.bit_length()} bits"
+    return f"{value!r:.40}"
+
+
+_SIZE = _Range(int, 1)  # every count and size not listed in _RULES
+_POSITIVE = _Range(float, 0, open_low=True)
+_RULES = {
+    "seed": _Range(int, 0, 2**63 - 1), "minutes": _POSITIVE, "vae_share": _Range(float, 0, 1, True, True),
+    "vae_steps": _Range(int, 1, optional=True), "dit_steps": _Range(int, 1, optional=True),
+    "vae_lr": _POSITIVE, "dit_lr": _POSITIVE, "kl_weight": _Range(float, 0),
+    "caption_dropout": _Range(float, 0, 1), "ema_decay": _Range(float, 0, 1, open_high=True), "flow_shift": _POSITIVE,
+}
+_NESTED = {"text_encoder": TextEncoderSize, "dit": DiTConfig}
+
+
+def _build(cls: type, raw: object, where: str):
+    """`cls` from a JSON object with exactly its fields (nested configs included); values not yet checked."""
+    if not isinstance(raw, dict):
+        raise AnimaError(f"{where} must be a JSON object")
+    names = {field.name for field in dataclasses.fields(cls)}
+    if set(raw) != names:
+        problems = [f"{label} {', '.join(sorted(keys))}"[:100]
+                    for label, keys in (("missing", names - set(raw)), ("unknown", set(raw) - names)) if keys]
+        raise AnimaError(f"{where} does not have this version's fields: {'; '.join(problems)}")
+    return cls(**{k: _build(_NESTED[k], v, f"{where}.{k}") if cls is DemoConfig and k in _NESTED else v
+                  for k, v in raw.items()})
 
 
 @dataclasses.dataclass
@@ -116,55 +201,48 @@ def _add_metadata(path: Path, extra: dict[str, str]) -> None:
 
 
 class Stage:
-    """The loop shared by both stages: time or step budget, progress bar with loss and ETA, checkpoints."""
+    """The loop shared by both stages: time or step budget, progress bar with loss and ETA, checkpoints.
 
-    def __init__(self, name: str, checkpoint: Path, steps: int | None, seconds: float) -> None:
+    `modules` (named, e.g. model and EMA) and `optimizer` are restored from `checkpoint` if it exists."""
+
+    def __init__(self, name: str, checkpoint: Path, steps: int | None, seconds: float,
+                 modules: Mapping[str, torch.nn.Module], optimizer: torch.optim.Optimizer) -> None:
         self.name, self.checkpoint = name, checkpoint
         self.steps, self.seconds = steps, seconds
-        self.state: dict = torch.load(checkpoint, weights_only=False) if checkpoint.is_file() else {}
-        self.step: int = self.state.get("step", 0)
-        self.elapsed: float = self.state.get("elapsed", 0.0)
-        self.losses: list[float] = self.state.get("losses", [])
-
-    @property
-    def resumed(self) -> bool:
-        return bool(self.state)
-
-    @property
-    def done(self) -> bool:
-        return self.state.get("done", False)
+        self.modules, self.optimizer = modules, optimizer
+        self.state = train_state.load_stage(checkpoint, modules, optimizer) if checkpoint.is_file() else StageState()
 
     def progress(self) -> float:
-        return self.step / self.steps if self.steps is not None else self.elapsed / self.seconds
+        s = self.state
+        return s.step / self.steps if self.steps is not None else s.elapsed / self.seconds
 
-    def run(self, train_step: Callable[[int, float], float], snapshot: Callable[[], dict]) -> StageResult:
+    def run(self, train_step: Callable[[int, float], float]) -> StageResult:
         """Call train_step(step, progress) -> loss until the budget is spent; checkpoint as it goes."""
+        s = self.state
         total = self.steps if self.steps is not None else self.seconds
         bar_format = "{desc} {percentage:3.0f}%|{bar}| {elapsed}<{remaining}"
-        with tqdm(total=total, initial=min(self.step if self.steps is not None else self.elapsed, total),
+        with tqdm(total=total, initial=min(s.step if self.steps is not None else s.elapsed, total),
                   desc=self.name, file=sys.stderr, bar_format=bar_format, dynamic_ncols=True) as bar:
             last_save = time.monotonic()
-            while not self.done and self.progress() < 1.0:
+            while not s.done and self.progress() < 1.0:
                 started = time.monotonic()
-                self.losses.append(train_step(self.step, self.progress()))
-                self.step += 1
+                s.losses.append(train_step(s.step, self.progress()))
+                s.step += 1
                 took = time.monotonic() - started
-                self.elapsed += took
+                s.elapsed += took
                 bar.update(1 if self.steps is not None else took)
-                bar.set_description_str(f"{self.name} step {self.step} loss {np.mean(self.losses[-LOG_WINDOW:]):.4f}")
+                bar.set_description_str(f"{self.name} step {s.step} loss {np.mean(s.losses[-LOG_WINDOW:]):.4f}")
                 if time.monotonic() - last_save > CHECKPOINT_EVERY_S:
-                    self.save(snapshot())
+                    self.save()
                     last_save = time.monotonic()
-        self.state["done"] = True
-        self.save(snapshot())
-        window = min(LOG_WINDOW, max(1, len(self.losses) // 2))
-        return StageResult(self.step, self.elapsed, float(np.mean(self.losses[:window])),
-                           float(np.mean(self.losses[-window:])))
+        if not s.done:  # a stage finished before is left as it was
+            s.done = True
+            self.save()
+        window = min(LOG_WINDOW, max(1, len(s.losses) // 2))
+        return StageResult(s.step, s.elapsed, float(np.mean(s.losses[:window])), float(np.mean(s.losses[-window:])))
 
-    def save(self, snapshot: dict) -> None:
-        self.state.update(snapshot, step=self.step, elapsed=self.elapsed, losses=self.losses)
-        with atomic_path(self.checkpoint, overwrite=True) as tmp:
-            torch.save(self.state, tmp)
+    def save(self) -> None:
+        train_state.save_stage(self.checkpoint, self.state, self.modules, self.optimizer)
 
 
 # ---- stage 1: the VAE ------------------------------------------------------------------------------------
@@ -197,10 +275,8 @@ def train_vae(config: DemoConfig, work: Path) -> tuple[WanVAE, StageResult]:
     torch.manual_seed(config.seed)
     vae = WanVAE(vae_config)
     optimizer = torch.optim.Adam(vae.parameters(), lr=config.vae_lr)
-    stage = Stage("vae", work / "vae.pt", config.vae_steps, 60 * config.minutes * config.vae_share)
-    if stage.resumed:
-        vae.load_state_dict(stage.state["model"])
-        optimizer.load_state_dict(stage.state["optimizer"])
+    stage = Stage("vae", work / train_state.VAE_STATE, config.vae_steps, 60 * config.minutes * config.vae_share,
+                  {"model": vae}, optimizer)
     vae.train()
 
     def train_step(step: int, progress: float) -> float:
@@ -214,7 +290,7 @@ def train_vae(config: DemoConfig, work: Path) -> tuple[WanVAE, StageResult]:
         optimizer.step()
         return loss.item()
 
-    result = stage.run(train_step, lambda: {"model": vae.state_dict(), "optimizer": optimizer.state_dict()})
+    result = stage.run(train_step)
     vae.eval().requires_grad_(False)
     mean, std = _latent_statistics(vae, config.seed + 1)
     trained = WanVAE(dataclasses.replace(vae_config, latents_mean=mean, latents_std=std))
@@ -275,6 +351,11 @@ def _new_dit(config: DiTConfig, seed: int) -> AnimaDiT:
     return dit
 
 
+def training_captions() -> list[str]:
+    """Every caption the DiT trains on, the two "unconditional" ones of caption dropout included."""
+    return [s.caption for s in dataset.combinations("train")] + ["", DEFAULT_NEGATIVE]
+
+
 def _training_caption(spec: dataset.ShapeSpec, rng: np.random.Generator, dropout: float) -> str:
     if rng.random() >= dropout:
         return spec.caption
@@ -283,32 +364,28 @@ def _training_caption(spec: dataset.ShapeSpec, rng: np.random.Generator, dropout
 
 def _latent_pool(vae: WanVAE, seed: int, count: int, path: Path, chunk: int = 128) -> torch.Tensor:
     """Normalised latents of dataset samples 0..count-1 of `seed`, cached in `path` for a resumed run."""
+    side = dataset.IMAGE_SIZE // vae.scale_factor
     if path.is_file():
-        pool = torch.load(path)
-        if pool.shape[0] == count:
-            return pool
+        return train_state.load_latents(path, (count, vae.config.z_dim, side, side))
     parts = []
     with torch.no_grad():
         for start in tqdm(range(0, count, chunk), desc="encode latents", file=sys.stderr, dynamic_ncols=True):
             images, _ = dataset.batch(seed, start, min(chunk, count - start))
             parts.append(vae.encode(_images_to_tensor(images)))
     pool = torch.cat(parts)
-    with atomic_path(path, overwrite=True) as tmp:
-        torch.save(pool, tmp)
+    train_state.save_latents(path, pool)
     return pool
 
 
 def train_dit(config: DemoConfig, work: Path, vae: WanVAE, bank: CaptionBank) -> tuple[AnimaDiT, StageResult]:
     data_seed = config.seed + 2
-    pool = _latent_pool(vae, data_seed, config.latent_pool, work / "latents.pt")
     dit = _new_dit(config.dit, config.seed + 2)
     ema = copy.deepcopy(dit).requires_grad_(False)
     optimizer = torch.optim.AdamW(dit.parameters(), lr=config.dit_lr, weight_decay=0.0)
-    stage = Stage("dit", work / "dit.pt", config.dit_steps, 60 * config.minutes * (1 - config.vae_share))
-    if stage.resumed:
-        dit.load_state_dict(stage.state["model"])
-        ema.load_state_dict(stage.state["ema"])
-        optimizer.load_state_dict(stage.state["optimizer"])
+    # the checkpoint is checked before the pool: a bad one fails before minutes of encoding
+    seconds = 60 * config.minutes * (1 - config.vae_share)
+    stage = Stage("dit", work / train_state.DIT_STATE, config.dit_steps, seconds, {"model": dit, "ema": ema}, optimizer)
+    pool = _latent_pool(vae, data_seed, config.latent_pool, work / train_state.LATENTS)
     dit.train()
 
     def train_step(step: int, progress: float) -> float:
@@ -333,8 +410,7 @@ def train_dit(config: DemoConfig, work: Path, vae: WanVAE, bank: CaptionBank) ->
                 e.lerp_(p, 1 - decay)
         return loss.item()
 
-    result = stage.run(train_step, lambda: {"model": dit.state_dict(), "ema": ema.state_dict(),
-                                            "optimizer": optimizer.state_dict()})
+    result = stage.run(train_step)
     return ema.eval(), result
 
 
@@ -342,14 +418,18 @@ def train_dit(config: DemoConfig, work: Path, vae: WanVAE, bank: CaptionBank) ->
 
 
 def _check_resume(work: Path, config: DemoConfig) -> None:
-    """A resumed run must be the run that was started (only the time budget may change)."""
-    saved = work / "config.json"
+    """A resumed run must be the run that was started (only the time budget may change); its files must all
+    be train-demo's own, in their formats. Nothing is written before this passes."""
+    saved = work / train_state.CONFIG_FILE
+    train_state.check_work_folder(work)
     if saved.is_file():
-        before = DemoConfig.from_json(saved.read_text())
+        raw = train_state.read_json(saved)
+        try:
+            before = DemoConfig.from_dict(raw)
+        except AnimaError as e:
+            raise AnimaError(f"{saved}: {e}") from None
         if dataclasses.replace(before, minutes=config.minutes) != config:
             raise AnimaError(f"{work.parent} holds a training run with another configuration; use a new --out")
-    with atomic_path(saved, overwrite=True) as tmp:
-        tmp.write_text(config.to_json())
 
 
 def _stage_metadata(config: DemoConfig, result: StageResult) -> dict[str, str]:
@@ -374,18 +454,26 @@ def _write_text_side(out: Path, config: DemoConfig) -> ModelFiles:
                       vae=out / LAYOUT["vae"] / VAE_FILE, qwen_tokenizer=qwen_dir, t5_tokenizer=t5_dir)
 
 
-def train_demo(out: str | Path, config: DemoConfig = DemoConfig(), threads: int = 2) -> dict[str, StageResult]:
+def train_demo(out: str | Path, config: DemoConfig = DemoConfig(), threads: int = 2,
+               overwrite: bool = False) -> dict[str, StageResult]:
     """Train (or resume) the demo model set into `out` (model-directory layout; work files in out/.train).
+
+    `out` must be new, empty, or hold this run's own interrupted work; `overwrite` allows a folder that holds
+    anything else (its model files are then replaced).
 
     On a machine shared with other jobs, threads=1 can be several times faster than 2 (no waiting on a
     descheduled partner thread)."""
-    torch.set_num_threads(threads)
+    config.validate()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise AnimaError(f"threads must be an integer >= 1, got {_brief(threads)}")
     out = Path(out)
-    if config.dit.adapter_source_dim != config.text_encoder.hidden:
-        raise AnimaError("the DiT's adapter_source_dim must equal the text encoder width")
-    work = out / ".train"
-    work.mkdir(parents=True, exist_ok=True)
+    holds = "a model set" if (out / "split_files").exists() else "other files"
+    work = out / train_state.WORK_FOLDER
+    output_folder(out, overwrite=overwrite, holds=holds, resumable=str(Path(work.name) / train_state.CONFIG_FILE))
     _check_resume(work, config)
+    work.mkdir(exist_ok=True)
+    write_json(work / train_state.CONFIG_FILE, dataclasses.asdict(config), overwrite=True)
+    torch.set_num_threads(threads)
     files = _write_text_side(out, config)
     t5_vocab = PromptTokenizer.from_dirs(files.qwen_tokenizer, files.t5_tokenizer).t5.get_vocab_size()
     config = dataclasses.replace(config, dit=dataclasses.replace(config.dit, t5_vocab=t5_vocab))
@@ -394,8 +482,7 @@ def train_demo(out: str | Path, config: DemoConfig = DemoConfig(), threads: int 
     save_vae(vae, files.vae)
     _add_metadata(files.vae, _stage_metadata(config, vae_result))
 
-    captions = [s.caption for s in dataset.combinations("train")] + ["", DEFAULT_NEGATIVE]
-    bank = CaptionBank(files, captions)
+    bank = CaptionBank(files, training_captions())
     dit, dit_result = train_dit(config, work, vae, bank)
     save_dit(dit, files.dit, metadata=_stage_metadata(config, dit_result))
     from_model_dir(out)  # the set loads like any other

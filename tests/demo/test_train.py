@@ -1,39 +1,19 @@
 """train-demo on a tiny setting: it runs, the losses fall, the files are a loadable model set with the
-config and seed in their metadata, the batched conditioning equals the pipeline's, and a resumed run ends
-where an uninterrupted one does."""
+config and seed in their metadata, and the batched conditioning equals the pipeline's. (Resumption and the
+saved state: test_train_state.py.)"""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
-import pytest
 import torch
 
 from anima_rknn.checkpoint import read_metadata
-from anima_rknn.demo import train
-from anima_rknn.demo.train import CaptionBank, DemoConfig, TextEncoderSize, train_demo, train_vae
-from anima_rknn.model.config import DiTConfig
+from anima_rknn.demo.train import CaptionBank, DemoConfig
 from anima_rknn.model.io import load_dit
 from anima_rknn.model_set import from_model_dir
 from anima_rknn.pipeline import AnimaPipeline
 from anima_rknn.vae import load_vae
-
-TINY = DemoConfig(
-    seed=5, vae_steps=40, dit_steps=40, vae_batch=4, dit_batch=16, latent_pool=64, vae_dim=8, warmup_steps=5,
-    vae_lr=2e-3, dit_lr=2e-3,
-    text_encoder=TextEncoderSize(hidden=32, layers=1, heads=2, kv_heads=1, head_dim=16, intermediate=64),
-    dit=DiTConfig(hidden=64, heads=2, blocks=2, mlp=128, adaln_lora=16, context_dim=32, adapter_source_dim=32,
-                  adapter_blocks=1, adapter_heads=2, adapter_mlp=64, context_tokens=16),
-)
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory):
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("demo")
-    results = train_demo(out, TINY, threads=1)
-    return out, results
 
 
 def test_losses_fall(trained) -> None:
@@ -70,30 +50,3 @@ def test_batched_conditioning_equals_the_pipeline(trained) -> None:
         for row, caption in zip(batched, captions):
             expected = pipeline.encode(caption, "").positive[0]
             torch.testing.assert_close(row, expected, rtol=1e-5, atol=1e-5)
-
-
-def test_resumed_vae_run_ends_where_an_uninterrupted_one_does(tmp_path, monkeypatch) -> None:
-    torch.set_num_threads(1)
-    config = dataclasses.replace(TINY, vae_steps=6)
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    straight, _ = train_vae(config, tmp_path / "a")
-
-    monkeypatch.setattr(train, "CHECKPOINT_EVERY_S", 0.0)  # checkpoint after every step
-    calls = {"n": 0}
-    real_loss = train._vae_loss
-
-    def interrupted_loss(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt
-        return real_loss(*args, **kwargs)
-
-    monkeypatch.setattr(train, "_vae_loss", interrupted_loss)
-    with pytest.raises(KeyboardInterrupt):
-        train_vae(config, tmp_path / "b")
-    monkeypatch.setattr(train, "_vae_loss", real_loss)
-    resumed, result = train_vae(config, tmp_path / "b")
-    assert result.steps == 6
-    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
-        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
