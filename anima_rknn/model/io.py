@@ -8,7 +8,8 @@ import re
 
 import torch
 
-from ..checkpoint import check_shapes, load_tensors, read_metadata, read_shapes, save_tensors
+from ..checkpoint import Header, check_shapes, load_tensors, read_header, save_tensors
+from ..errors import AnimaError
 from .adapter import LLMAdapter
 from .config import CONTEXT_TOKENS, DiTConfig, infer_dit_config
 from .dit import AnimaDiT
@@ -17,6 +18,8 @@ PREFIXES = ("model.diffusion_model.", "net.")
 ADAPTER_PREFIX = "llm_adapter."
 CONTEXT_TOKENS_KEY = "anima_rknn.context_tokens"
 IMAGE_SIZE_KEY = "anima_rknn.demo.image_size"  # written by train-demo: the one size that model knows
+MAX_CONTEXT_TOKENS = 4096  # the adapter's output rows; each is a cross-attention key for every image token
+MAX_IMAGE_SIZE = 4096  # pixels, as for --width/--height
 _BODY = re.compile(r"blocks\.\d+\.(self_attn|cross_attn|mlp)\.")
 # Weights a fixed run can compute with once and then free (SplitEngine.fix_run): copied out of the file map,
 # since pages read through the map stay resident as long as any tensor of it lives.
@@ -30,19 +33,35 @@ def _strip(name: str) -> str:
     return name
 
 
+def _metadata_int(header: Header, key: str, default: int | None, low: int, high: int, step: int = 1) -> int | None:
+    """A whole number from the file's metadata, checked like a command-line option."""
+    value = header.metadata.get(key)
+    if value is None:
+        return default
+    number = int(value) if re.fullmatch(r"[0-9]{1,9}", value) else None
+    if number is None or not low <= number <= high or number % step:
+        multiple = f", a multiple of {step}" if step > 1 else ""
+        raise AnimaError(f"{header.path}: metadata {key} is {value[:40]!r}; "
+                         f"expected a whole number from {low} to {high}{multiple}")
+    return number
+
+
 def read_dit_config(path: str | os.PathLike) -> DiTConfig:
     """Sizes from the file header, every tensor's presence and shape checked; no tensor data is read."""
-    shapes = {_strip(k): v for k, v in read_shapes(path, "DiT").items()}
-    context_tokens = int(read_metadata(path, "DiT").get(CONTEXT_TOKENS_KEY, CONTEXT_TOKENS))
-    config = infer_dit_config(shapes, context_tokens)
-    check_shapes(shapes, expected_shapes(config), "Anima DiT")
+    header = read_header(path, "DiT")
+    shapes = {_strip(k): info.shape for k, info in header.tensors.items()}
+    context_tokens = _metadata_int(header, CONTEXT_TOKENS_KEY, CONTEXT_TOKENS, 1, MAX_CONTEXT_TOKENS)
+    try:
+        config = infer_dit_config(shapes, context_tokens)
+        check_shapes(shapes, expected_shapes(config), "Anima DiT")
+    except AnimaError as e:  # name the file: the same checks serve shapes from anywhere
+        raise AnimaError(f"{header.path}: {e}") from None
     return config
 
 
 def trained_image_size(path: str | os.PathLike) -> int | None:
     """The image size a small trained model was made for, if its file says so (the real Anima does not)."""
-    size = read_metadata(path, "DiT").get(IMAGE_SIZE_KEY)
-    return int(size) if size else None
+    return _metadata_int(read_header(path, "DiT"), IMAGE_SIZE_KEY, None, 16, MAX_IMAGE_SIZE, 16)
 
 
 def expected_shapes(config: DiTConfig) -> dict[str, tuple[int, ...]]:

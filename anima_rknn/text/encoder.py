@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
-import safetensors
 import safetensors.torch
 import torch
 from transformers import Qwen3Config, Qwen3Model
 
+from ..checkpoint import load_tensors, read_shapes
 from ..errors import AnimaError
 from ..files import atomic_path
 
@@ -19,7 +18,8 @@ FILE_PREFIX = "model."  # Qwen3ForCausalLM layout, as in text_encoders/qwen_3_06
 IGNORED_PREFIX = "lm_head."  # tied to the embedding; not needed for hidden states
 ROPE_THETA = 1e6
 RMS_EPS = 1e-6
-_LAYER_INDEX = re.compile(r"^layers\.(\d+)\.")
+_LAYER_INDEX = re.compile(r"^layers\.([0-9]{1,9})\.")
+MAX_LAYERS = 1024  # Qwen3-0.6B has 28; layers are counted from names, so a header must not ask for millions
 
 
 def _qwen3_config(
@@ -39,31 +39,33 @@ def _qwen3_config(
     )
 
 
-def _strip_prefix(name: str) -> str:
-    return name.removeprefix(FILE_PREFIX)
-
-
 def _shape(shapes: Mapping[str, Sequence[int]], name: str, rank: int) -> tuple[int, ...]:
     if name not in shapes:
         raise AnimaError(f"text encoder file lacks tensor {FILE_PREFIX}{name}")
     shape = tuple(shapes[name])
-    if len(shape) != rank:
-        raise AnimaError(f"text encoder tensor {FILE_PREFIX}{name} has shape {list(shape)}, expected {rank} dimensions")
+    if len(shape) != rank or not all(shape):
+        raise AnimaError(f"text encoder tensor {FILE_PREFIX}{name} has shape {list(shape)}, "
+                         f"expected {rank} non-zero sizes")
     return shape
 
 
 def qwen3_config_from_shapes(shapes: Mapping[str, Sequence[int]]) -> Qwen3Config:
     """Infer the Qwen3 config from tensor names and shapes (names with or without the "model." prefix)."""
-    shapes = {_strip_prefix(name): shape for name, shape in shapes.items()}
+    shapes = {name.removeprefix(FILE_PREFIX): shape for name, shape in shapes.items()}
     layer_indices = [int(m.group(1)) for name in shapes if (m := _LAYER_INDEX.match(name))]
     if not layer_indices:
         raise AnimaError("text encoder file has no model.layers.N.* tensors; is it a Qwen3 checkpoint?")
+    if max(layer_indices) >= MAX_LAYERS:
+        raise AnimaError(f"text encoder file names {FILE_PREFIX}layers.{max(layer_indices)}.*, "
+                         f"but at most {MAX_LAYERS} layers are read")
     vocab, hidden = _shape(shapes, "embed_tokens.weight", 2)
     (head_dim,) = _shape(shapes, "layers.0.self_attn.q_norm.weight", 1)
     q_rows = _shape(shapes, "layers.0.self_attn.q_proj.weight", 2)[0]
     kv_rows = _shape(shapes, "layers.0.self_attn.k_proj.weight", 2)[0]
-    if q_rows % head_dim or kv_rows % head_dim:
-        raise AnimaError(f"text encoder q/k projections ({q_rows}, {kv_rows} rows) are not multiples of head_dim {head_dim}")
+    # RoPE rotates head halves; grouped-query attention shares each k/v head among whole groups of q heads.
+    if head_dim % 2 or q_rows % head_dim or kv_rows % head_dim or (q_rows // head_dim) % (kv_rows // head_dim):
+        raise AnimaError(f"text encoder q/k projections ({q_rows}, {kv_rows} rows) are not whole groups of "
+                         f"heads of an even head_dim {head_dim}")
     intermediate = _shape(shapes, "layers.0.mlp.gate_proj.weight", 2)[0]
     return _qwen3_config(
         vocab=vocab,
@@ -74,27 +76,6 @@ def qwen3_config_from_shapes(shapes: Mapping[str, Sequence[int]]) -> Qwen3Config
         head_dim=head_dim,
         intermediate=intermediate,
     )
-
-
-def _read_tensors(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The file's tensors in `dtype`, each read through its own memory map.
-
-    A map's pages stay resident while any tensor from it lives; one map per tensor lets each converted
-    tensor's file pages go at once, so converting never holds the file and the copy together.
-    """
-    if not path.is_file():
-        raise AnimaError(f"text encoder file not found: {path}")
-    try:
-        with safetensors.safe_open(str(path), framework="pt") as f:
-            names = [name for name in f.keys() if not name.startswith(IGNORED_PREFIX)]
-        tensors = {}
-        for name in names:
-            with safetensors.safe_open(str(path), framework="pt") as f:
-                tensors[_strip_prefix(name)] = f.get_tensor(name).to(dtype)
-    except (safetensors.SafetensorError, OSError, ValueError) as e:
-        reason = str(e).partition("\n")[0]
-        raise AnimaError(f"cannot read text encoder {path}: {reason} (truncated or not safetensors?)") from None
-    return tensors
 
 
 class TextEncoder:
@@ -122,24 +103,37 @@ class TextEncoder:
         return out.last_hidden_state.float()
 
 
-def load_text_encoder(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> TextEncoder:
-    """Load a Qwen3 text encoder file ("model." prefix or none; lm_head.* ignored), config from its shapes."""
-    tensors = _read_tensors(Path(path), dtype)
-    config = qwen3_config_from_shapes({name: t.shape for name, t in tensors.items()})
-    # Build on the meta device so no random init is computed, then adopt the file's tensors.
+def _unloaded_model(config: Qwen3Config, shapes: Mapping[str, Sequence[int]]) -> Qwen3Model:
+    """The model on the meta device (no random init computed), once `shapes` are exactly its tensors'."""
     with torch.device("meta"):
         model = Qwen3Model(config)
     expected = model.state_dict()
     for name, param in expected.items():
-        if name not in tensors:
+        if name not in shapes:
             raise AnimaError(f"text encoder file lacks tensor {FILE_PREFIX}{name}")
-        if tensors[name].shape != param.shape:
+        if tuple(shapes[name]) != tuple(param.shape):
             raise AnimaError(
-                f"text encoder tensor {FILE_PREFIX}{name} has shape {list(tensors[name].shape)}, expected {list(param.shape)}"
+                f"text encoder tensor {FILE_PREFIX}{name} has shape {list(shapes[name])}, expected {list(param.shape)}"
             )
-    unknown = sorted(set(tensors) - set(expected))
+    unknown = sorted(set(shapes) - set(expected))
     if unknown:
         raise AnimaError(f"text encoder file has unexpected tensor {FILE_PREFIX}{unknown[0]} ({len(unknown)} in all)")
+    return model
+
+
+def load_text_encoder(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> TextEncoder:
+    """Load a Qwen3 text encoder file ("model." prefix or none; lm_head.* ignored), config from its shapes."""
+    shapes = {name.removeprefix(FILE_PREFIX): shape for name, shape in read_shapes(path, "text encoder").items()}
+    shapes = {name: shape for name, shape in shapes.items() if not name.startswith(IGNORED_PREFIX)}
+    try:
+        config = qwen3_config_from_shapes(shapes)
+        model = _unloaded_model(config, shapes)
+    except AnimaError as e:  # name the file: the same checks serve shapes from anywhere
+        raise AnimaError(f"{path}: {e}") from None
+    # One memory map per tensor: converting then never holds the file and the copy together.
+    tensors = load_tensors(path, "text encoder", strip=(FILE_PREFIX,), skip=(IGNORED_PREFIX,), convert=dtype)
+    if {name: tuple(t.shape) for name, t in tensors.items()} != shapes:
+        raise AnimaError(f"{path} changed while it was being read")
     model.load_state_dict(tensors, assign=True, strict=True)
     # The RoPE inverse frequencies are a non-persistent buffer, still on meta: compute them, in fp32.
     model.rotary_emb = type(model.rotary_emb)(config=config)

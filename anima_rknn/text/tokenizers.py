@@ -22,6 +22,7 @@ T5_EOS_TOKEN = "</s>"
 UNK_TOKEN = "<unk>"
 T5_SPECIALS = ("<pad>", T5_EOS_TOKEN, UNK_TOKEN)  # ids 0, 1, 2 as in the real T5 vocabulary
 QWEN_SPECIALS = (QWEN_EMPTY_TOKEN, UNK_TOKEN)
+MAX_TOKENIZER_BYTES = 64 * 2**20  # the real Qwen3 tokenizer.json is 11 MB
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,16 @@ def _load(folder: str | os.PathLike, side: str) -> Tokenizer:
     if not path.is_file():
         raise AnimaError(f"{side} tokenizer file not found: {path}")
     try:
-        tokenizer = Tokenizer.from_file(str(path))
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TOKENIZER_BYTES + 1)
+    except OSError as e:
+        raise AnimaError(f"cannot read {side} tokenizer {path}: {e.strerror or e}") from None
+    if len(raw) > MAX_TOKENIZER_BYTES:
+        raise AnimaError(f"cannot read {side} tokenizer {path}: it is over {MAX_TOKENIZER_BYTES // 2**20} MB")
+    try:
+        tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise AnimaError(f"cannot read {side} tokenizer {path}: it is not UTF-8 text (JSON expected)") from None
     except Exception as e:  # the library raises bare Exceptions for malformed JSON
         reason = str(e).partition("\n")[0]
         raise AnimaError(f"cannot read {side} tokenizer {path}: {reason}") from None

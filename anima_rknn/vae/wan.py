@@ -14,14 +14,13 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from ..checkpoint import Header, load_tensors, read_header
 from ..errors import AnimaError
 from ..files import atomic_path
 
@@ -317,11 +316,35 @@ def save_vae(vae: WanVAE, path: str | os.PathLike, dtype: torch.dtype = torch.bf
         save_file(tensors, str(tmp), metadata=metadata)
 
 
-def _infer_config(path: Path, shapes: dict[str, tuple[int, ...]], metadata: dict[str, str]) -> WanVAEConfig:
+# Wan 2.1 has 4 levels (8x) of 2 residual blocks. The counts come from tensor names, not sizes, so they are
+# bounded apart: a crafted header must not make us build (or decode to) something enormous.
+MAX_LEVELS = 4
+MAX_RES_BLOCKS = 8
+
+
+def _metadata_stats(header: Header, key: str, default: tuple[float, ...], *, positive: bool) -> tuple[float, ...]:
+    """Per-channel latent statistics from the metadata: a JSON list of finite (or positive) numbers."""
+    if key not in header.metadata:
+        return default
+    try:
+        values = json.loads(header.metadata[key])
+        numbers = [float(v) for v in values if type(v) in (int, float)] if isinstance(values, list) else []
+        valid = isinstance(values, list) and len(numbers) == len(values)
+    except (ValueError, RecursionError, OverflowError):  # not JSON, too deep, a number past float range
+        valid = False
+    if not valid or not all(math.isfinite(v) and (v > 0 or not positive) for v in numbers):
+        raise AnimaError(f"{header.path}: metadata {key} is not a JSON list of "
+                         f"{'positive' if positive else 'finite'} numbers")
+    return tuple(numbers)
+
+
+def _infer_config(header: Header) -> WanVAEConfig:
+    path, shapes = header.path, {name: info.shape for name, info in header.tensors.items()}
+
     def shape_of(key: str) -> tuple[int, ...]:  # of a conv weight that sizes the model
         if key not in shapes:
             raise AnimaError(f"{path}: not a Wan VAE file: missing {key}")
-        if len(shapes[key]) < 4:
+        if len(shapes[key]) < 4 or not all(shapes[key]):
             raise AnimaError(f"{path}: tensor {key} has shape {list(shapes[key])}, expected a conv weight")
         return shapes[key]
 
@@ -331,71 +354,50 @@ def _infer_config(path: Path, shapes: dict[str, tuple[int, ...]], metadata: dict
         dim = shape_of("encoder.conv1.weight")[0]
     else:
         dim = shape_of("decoder.head.2.weight")[1]
-    blocks = sorted({int(m[1]) for k in shapes if (m := re.match(r"decoder\.upsamples\.(\d+)\.", k))})
+    blocks = sorted({int(m[1]) for k in shapes if (m := re.match(r"decoder\.upsamples\.([0-9]{1,9})\.", k))})
     resamples = sum(f"decoder.upsamples.{i}.resample.1.weight" in shapes for i in blocks)
     levels = resamples + 1
     per_level, leftover = divmod(len(blocks) - resamples, levels)
     if leftover or per_level < 2 or blocks != list(range(len(blocks))):
         raise AnimaError(f"{path}: not a Wan VAE file: cannot make out the decoder.upsamples layout")
+    if levels > MAX_LEVELS or per_level - 1 > MAX_RES_BLOCKS:
+        raise AnimaError(f"{path}: decoder.upsamples has {levels} levels of {per_level - 1} residual blocks; "
+                         f"at most {MAX_LEVELS} of {MAX_RES_BLOCKS} are read")
     widths = [shape_of(f"decoder.upsamples.{level * (per_level + 1)}.residual.2.weight")[0] for level in range(levels)]
     if any(width % dim for width in widths):
         raise AnimaError(f"{path}: decoder widths {widths} are not multiples of the base width {dim}")
-
-    def stats(key: str, default: tuple[float, ...]) -> tuple[float, ...]:
-        if key not in metadata:
-            return default
-        try:
-            return tuple(float(v) for v in json.loads(metadata[key]))
-        except (ValueError, TypeError):
-            raise AnimaError(f"{path}: metadata {key} is not a JSON list of numbers") from None
-
-    return WanVAEConfig(
-        dim=dim,
-        z_dim=z_dim,
-        dim_mult=tuple(width // dim for width in reversed(widths)),
-        num_res_blocks=per_level - 1,
-        latents_mean=stats("latents_mean", WAN21_LATENTS_MEAN),
-        latents_std=stats("latents_std", WAN21_LATENTS_STD),
-    )
+    mean = _metadata_stats(header, "latents_mean", WAN21_LATENTS_MEAN, positive=False)
+    std = _metadata_stats(header, "latents_std", WAN21_LATENTS_STD, positive=True)
+    try:
+        return WanVAEConfig(dim=dim, z_dim=z_dim, dim_mult=tuple(width // dim for width in reversed(widths)),
+                            num_res_blocks=per_level - 1, latents_mean=mean, latents_std=std)
+    except AnimaError as e:  # statistics that do not fit z_dim
+        raise AnimaError(f"{path}: {e}") from None
 
 
 def read_vae_config(path: str | os.PathLike) -> WanVAEConfig:
     """The VAE's sizes from the file header alone: a cheap check before any stage runs."""
-    path = Path(path)
-    if not path.is_file():
-        raise AnimaError(f"VAE file {path} does not exist")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return _infer_config(path, {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}, f.metadata() or {})
-    except (SafetensorError, OSError) as e:
-        raise AnimaError(f"{path} is truncated or not a safetensors file ({e})") from None
+    return _infer_config(read_header(path, "VAE"))
 
 
 def load_vae(path: str | os.PathLike, *, decode_only: bool = True, dtype: torch.dtype = torch.float32) -> WanVAE:
     """Load a Wan/ComfyUI-named VAE file; sizes (dim, z_dim, dim_mult, res blocks) come from its shapes."""
-    path = Path(path)
-    if not path.is_file():
-        raise AnimaError(f"VAE file {path} does not exist")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
-            config = _infer_config(path, shapes, f.metadata() or {})
-            with torch.device("meta"):
-                vae = WanVAE(config, with_encoder=not decode_only)
-            expected_shapes = _file_shapes(vae)
-            state: dict[str, Tensor] = {}
-            for name, param in vae.named_parameters():
-                if name not in shapes:
-                    raise AnimaError(f"{path}: not a Wan VAE file: missing {name}")
-                if shapes[name] != expected_shapes[name]:
-                    raise AnimaError(
-                        f"{path}: tensor {name} has shape {list(shapes[name])}, expected {list(expected_shapes[name])}"
-                    )
-                tensor = f.get_tensor(name)
-                if tensor.ndim == 5:
-                    tensor = tensor[:, :, -1]  # the only temporal slice that sees a single frame
-                state[name] = tensor.reshape(param.shape).to(dtype)
-    except (SafetensorError, OSError) as e:
-        raise AnimaError(f"{path} is truncated or not a safetensors file ({e})") from None
+    config = read_vae_config(path)
+    with torch.device("meta"):
+        vae = WanVAE(config, with_encoder=not decode_only)
+    expected_shapes = _file_shapes(vae)
+    tensors = load_tensors(path, "VAE")
+    state: dict[str, Tensor] = {}
+    for name, param in vae.named_parameters():
+        if name not in tensors:
+            raise AnimaError(f"{path}: not a Wan VAE file: missing {name}")
+        tensor = tensors[name]
+        if tuple(tensor.shape) != expected_shapes[name]:
+            raise AnimaError(
+                f"{path}: tensor {name} has shape {list(tensor.shape)}, expected {list(expected_shapes[name])}"
+            )
+        if tensor.ndim == 5:
+            tensor = tensor[:, :, -1]  # the only temporal slice that sees a single frame
+        state[name] = tensor.reshape(param.shape).to(dtype)
     vae.load_state_dict(state, strict=True, assign=True)
     return vae.eval().requires_grad_(False)

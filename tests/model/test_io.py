@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from anima_rknn.checkpoint import load_tensors, save_tensors
+from anima_rknn.checkpoint import load_tensors, read_metadata, save_tensors
 from anima_rknn.errors import AnimaError
 from anima_rknn.model.config import PRESETS
-from anima_rknn.model.io import load_dit, random_dit, read_dit_config, save_dit
+from anima_rknn.model.io import (CONTEXT_TOKENS_KEY, IMAGE_SIZE_KEY, load_dit, random_dit, read_dit_config, save_dit,
+                                 trained_image_size)
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +77,43 @@ def test_context_tokens_travel_in_metadata(tmp_path):
     assert model.config.context_tokens == 32
     context = model.llm_adapter.condition(torch.randn(1, 3, 64), torch.tensor([[3, 4, 1]]))
     assert context.shape == (1, 32, 64)
+
+
+def _with_metadata(dit_file, path, metadata):
+    tensors = load_tensors(dit_file, "DiT")
+    save_tensors(tensors, path, {**read_metadata(dit_file, "DiT"), **metadata})
+    return path
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "4097", "1e9", "NaN", "512.0", " 512", "", "٥١٢", "9" * 5000,
+                                   "true", "512\nrm -rf"])
+def test_context_tokens_metadata_is_checked_like_an_option(dit_file, tmp_path, value):
+    path = _with_metadata(dit_file, tmp_path / "bad.safetensors", {CONTEXT_TOKENS_KEY: value})
+    pattern = rf"{path}: metadata anima_rknn.context_tokens is .*; expected a whole number from 1 to 4096$"
+    for read in (read_dit_config, load_dit):
+        with pytest.raises(AnimaError, match=pattern) as caught:
+            read(path)
+        assert "\n" not in str(caught.value) and len(str(caught.value)) < len(str(path)) + 200
+
+
+@pytest.mark.parametrize("value, size", [("64", 64), ("4096", 4096), ("16", 16)])
+def test_trained_image_size_metadata(dit_file, tmp_path, value, size):
+    assert trained_image_size(_with_metadata(dit_file, tmp_path / "d.safetensors", {IMAGE_SIZE_KEY: value})) == size
+    assert trained_image_size(dit_file) is None
+
+
+@pytest.mark.parametrize("value", ["0", "8", "100", "4112", "-64", "64.0", "inf", "nan", "1" * 30])
+def test_bad_trained_image_size_metadata_is_named(dit_file, tmp_path, value):
+    path = _with_metadata(dit_file, tmp_path / "bad.safetensors", {IMAGE_SIZE_KEY: value})
+    with pytest.raises(AnimaError, match=rf"{path}: metadata anima_rknn.demo.image_size is .*; expected a whole "
+                                         "number from 16 to 4096, a multiple of 16$"):
+        trained_image_size(path)
+
+
+def test_shape_problems_name_the_file(dit_file, tmp_path):
+    tensors = load_tensors(dit_file, "DiT")
+    tensors["net.blocks.0.self_attn.q_norm.weight"] = torch.ones(8, dtype=torch.bfloat16)
+    save_tensors(tensors, tmp_path / "heads.safetensors")
+    with pytest.raises(AnimaError, match=rf"^{tmp_path}/heads.safetensors: Anima DiT head size 8 .* must be even, "
+                                         "at least 12"):
+        load_dit(tmp_path / "heads.safetensors")

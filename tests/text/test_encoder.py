@@ -178,7 +178,7 @@ def test_truncated_file(small_file: Path, tmp_path: Path, keep: float) -> None:
     data = small_file.read_bytes()
     path = tmp_path / "t.safetensors"
     path.write_bytes(data[: int(len(data) * keep)])
-    with pytest.raises(AnimaError, match="cannot read text encoder .*t.safetensors"):
+    with pytest.raises(AnimaError, match=r"t\.safetensors is truncated"):
         load_text_encoder(path)
 
 
@@ -193,3 +193,42 @@ def test_bad_ids_rejected(small_file: Path) -> None:
         encoder.encode([1, 300])
     with pytest.raises(AnimaError, match="at least one"):
         encoder.encode([])
+
+
+ODD_SHAPES = {
+    "head size 0": ({"layers.0.self_attn.q_norm.weight": (0,)}, r"q_norm.weight has shape \[0\], expected 1 non-zero"),
+    "head size odd": ({"layers.0.self_attn.q_norm.weight": (1,)}, "heads of an even head_dim 1"),
+    "q rows not whole heads": ({"layers.0.self_attn.q_proj.weight": (2000, 1024)}, r"\(2000, 1024 rows\)"),
+    "k/v heads not a group": ({"layers.0.self_attn.k_proj.weight": (768, 1024)}, r"\(2048, 768 rows\)"),
+    "embedding rank 1": ({"embed_tokens.weight": (151936,)}, "expected 2 non-zero sizes"),
+    "empty vocabulary": ({"embed_tokens.weight": (0, 1024)}, "expected 2 non-zero sizes"),
+    "no mlp": ({"layers.0.mlp.gate_proj.weight": None}, r"lacks tensor model\.layers\.0\.mlp\.gate_proj\.weight"),
+    "a billion layers": ({"layers.999999999.mlp.up_proj.weight": (1,)},
+                         r"names model\.layers\.999999999\.\*, but at most 1024 layers are read"),
+}
+
+
+@pytest.mark.parametrize("case", ODD_SHAPES)
+def test_odd_shapes_are_refused_in_one_line(case: str) -> None:
+    changes, pattern = ODD_SHAPES[case]
+    shapes = full_qwen3_shapes()
+    for name, shape in changes.items():
+        if shape is None:
+            del shapes["model." + name]
+        else:
+            shapes["model." + name] = shape
+    with pytest.raises(AnimaError, match=pattern):
+        qwen3_config_from_shapes(shapes)
+
+
+def test_file_problems_name_the_file_and_tensor(small_file: Path, tmp_path: Path) -> None:
+    def ints(state: dict[str, torch.Tensor]) -> None:
+        state["model.layers.1.mlp.up_proj.weight"] = state["model.layers.1.mlp.up_proj.weight"].to(torch.int16)
+
+    path = rewrite(small_file, tmp_path / "i.safetensors", ints)
+    with pytest.raises(AnimaError, match=rf"^{path}: tensor model\.layers\.1\.mlp\.up_proj\.weight has dtype I16; "
+                                         "a floating-point weight is expected$"):
+        load_text_encoder(path)
+    path = rewrite(small_file, tmp_path / "m.safetensors", lambda s: s.pop("model.layers.1.mlp.up_proj.weight"))
+    with pytest.raises(AnimaError, match=rf"^{path}: text encoder file lacks tensor model\.layers\.1\.mlp\.up_proj"):
+        load_text_encoder(path)

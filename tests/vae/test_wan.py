@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from anima_rknn.errors import AnimaError
-from anima_rknn.vae import WanVAEConfig, file_shapes, load_vae, random_vae, save_vae
+from anima_rknn.vae import WanVAEConfig, file_shapes, load_vae, random_vae, read_vae_config, save_vae
 from diffusers_reference import diffusers_vae
 
 # Wan 2.1 statistics as printed in the spec (anima.md, VAE section).
@@ -193,13 +193,64 @@ def test_truncated_missing_and_foreign_files(tmp_path: Path, small_file_tensors:
     save_file(small_file_tensors, str(path))
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(AnimaError, match="is truncated or not a safetensors file"):
+    missing = len(data) - len(data) // 2
+    with pytest.raises(AnimaError, match=rf"vae\.safetensors is truncated: {missing} bytes missing$"):
         load_vae(path)
     path.write_bytes(b"this is a text file, not a checkpoint\n" * 10)
     with pytest.raises(AnimaError, match="is truncated or not a safetensors file"):
         load_vae(path)
-    with pytest.raises(AnimaError, match="does not exist"):
+    with pytest.raises(AnimaError, match="VAE file not found: .*nowhere.safetensors"):
         load_vae(tmp_path / "nowhere.safetensors")
     save_file({"weight": torch.zeros(2)}, str(path))
     with pytest.raises(AnimaError, match="missing decoder.conv1.weight"):
         load_vae(path)
+
+
+def _vae_file(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> Path:
+    save_file(tensors, str(path), metadata=metadata)
+    return path
+
+
+NOT_FINITE = "metadata latents_mean is not a JSON list of finite numbers"
+
+
+@pytest.mark.parametrize("key, value, pattern", [
+    ("latents_mean", "[1, 2]", r"VAE latents_mean/latents_std need 16 entries \(z_dim\), got 2/16"),
+    ("latents_mean", "not json", NOT_FINITE),
+    ("latents_mean", json.dumps([0.0] * 15 + [float("nan")]), NOT_FINITE),
+    ("latents_mean", json.dumps([0.0] * 15 + ["1"]), NOT_FINITE),
+    ("latents_mean", json.dumps([0.0] * 15 + [True]), NOT_FINITE),
+    ("latents_mean", "[" + "1" * 400 + "]", NOT_FINITE),
+    ("latents_mean", "[1e999]", NOT_FINITE),
+    ("latents_mean", "[" * 100_000, NOT_FINITE),
+    ("latents_mean", '{"0": 1}', NOT_FINITE),
+    ("latents_std", json.dumps([1.0] * 15 + [0.0]), "metadata latents_std is not a JSON list of positive numbers"),
+    ("latents_std", json.dumps([1.0] * 15 + [-2.0]), "metadata latents_std is not a JSON list of positive numbers"),
+])
+def test_bad_latent_statistics_are_named(tmp_path: Path, small_file_tensors, key, value, pattern) -> None:
+    path = _vae_file(tmp_path / "vae.safetensors", small_file_tensors, {key: value})
+    for read in (read_vae_config, load_vae):
+        with pytest.raises(AnimaError, match=rf"^{re.escape(str(path))}: {pattern}$"):
+            read(path)
+
+
+def test_sizes_read_from_names_are_bounded(tmp_path: Path, small_file_tensors) -> None:
+    deep = WanVAEConfig(dim=4, dim_mult=(1, 1, 1, 1, 1), num_res_blocks=1)  # 5 levels: 16x
+    path = tmp_path / "deep.safetensors"
+    save_vae(random_vae(deep, seed=0), path)
+    with pytest.raises(AnimaError, match="decoder.upsamples has 5 levels of 1 residual blocks; at most 4 of 8"):
+        load_vae(path)
+    flat = {k: v for k, v in small_file_tensors.items() if not k.startswith("decoder.upsamples.")}
+    for i in range(60):  # one level of 59 residual blocks, by name
+        flat[f"decoder.upsamples.{i}.residual.2.weight"] = torch.ones(8, 8, 3, 3, 3)
+    with pytest.raises(AnimaError, match="1 levels of 59 residual blocks; at most 4 of 8"):
+        read_vae_config(_vae_file(path, flat))
+
+
+def test_integer_or_empty_weights_are_refused(tmp_path: Path, small_file_tensors) -> None:
+    ints = {**small_file_tensors, "decoder.head.2.bias": torch.zeros(3, dtype=torch.int32)}
+    with pytest.raises(AnimaError, match="tensor decoder.head.2.bias has dtype I32; a floating-point weight"):
+        load_vae(_vae_file(tmp_path / "ints.safetensors", ints))
+    empty = {**small_file_tensors, "decoder.conv1.weight": torch.zeros(0, 16, 3, 3, 3)}
+    with pytest.raises(AnimaError, match=r"tensor decoder.conv1.weight has shape \[0, 16, 3, 3, 3\], expected a conv"):
+        read_vae_config(_vae_file(tmp_path / "empty.safetensors", empty))
