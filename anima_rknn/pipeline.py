@@ -10,8 +10,8 @@ import dataclasses
 import math
 import secrets
 import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,12 +24,15 @@ from .memory import available_bytes, return_freed_memory
 from .model.io import load_dit, load_llm_adapter, read_dit_config
 from .model_set import ModelFiles
 from .sampling.caches import make_cache
-from .sampling.euler import SampleResult, sample_euler
+from .sampling.euler import SampleResult, StepCallback, sample_euler
 from .sampling.schedule import flow_sigmas
 from .text import PromptTokenizer, load_text_encoder, qwen3_config_from_shapes
 from .text.prompt import parse_prompt_weights
 from .vae import decode_tiled, load_vae, read_vae_config
 from .vae.tiling import TILING_MODES, plan_tiling
+
+if TYPE_CHECKING:
+    from .resume import Checkpoints, ResumeState
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DEFAULT_NEGATIVE = "worst quality, low quality, score_1, score_2, score_3, blurry, jpeg artifacts, sepia"
@@ -215,13 +218,18 @@ class AnimaPipeline:
                              "text encoder and DiT files; no image was written")
         return Conditioning(contexts[0], contexts[1], time.perf_counter() - start)
 
-    def denoise(self, conditioning: Conditioning, params: GenerationParams, *, keep_x0: bool = False,
-                on_step: Callable[[int, int, bool], None] | None = None) -> Denoised:
+    def denoise(self, conditioning: Conditioning, params: GenerationParams, *, on_step: StepCallback | None = None,
+                resume: ResumeState | None = None) -> Denoised:
+        """The sampler loop on the split engine; `resume` continues a stopped run from its state."""
         params.validate()
         dit = self._load_dit(params.dtype)
         engine = make_engine(dit, params.backend, subgraphs=params.subgraphs, width=params.width,
                              height=params.height, dit_path=self.files.dit, rknn=params.rknn)
         cache = make_cache(params.cache, params.steps, params.cache_options)
+        first, x, recomputed = 0, initial_noise(params.seed, params.width, params.height), []
+        if resume is not None:
+            cache.restore(resume.cache_state)
+            first, x, recomputed = resume.step, resume.latent, resume.recomputed
         cfg = params.cfg
 
         def denoise(x: np.ndarray, sigma: float, step: int) -> np.ndarray:
@@ -237,13 +245,13 @@ class AnimaPipeline:
         start = time.perf_counter()
         try:
             if not self.keep_dit:  # a one-off run: its sigmas and prompts are fixed, free what only they need
-                engine.fix_run(list(sigmas[:-1]), [conditioning.positive, conditioning.negative][: 1 + (cfg != 1.0)])
+                engine.fix_run(list(sigmas[first:-1]),
+                               [conditioning.positive, conditioning.negative][: 1 + (cfg != 1.0)])
                 return_freed_memory()
-            sample = sample_euler(denoise, initial_noise(params.seed, params.width, params.height),
-                                  sigmas, cache, callback=on_step, keep_x0=keep_x0)
+            sample = sample_euler(denoise, x, sigmas, cache, callback=on_step, start=first, recomputed=recomputed)
         finally:
             engine.close()
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - start + (resume.denoise_s if resume is not None else 0.0)
         passes, subgraph_runs = engine.passes, engine.subgraph_runs
         del dit, engine, denoise  # the step function holds the engine too
         return_freed_memory()
@@ -270,13 +278,27 @@ class AnimaPipeline:
         return plan_tiling(self.vae_config, params.width, params.height, params.vae_tiling, params.vae_tile,
                            available_bytes())
 
-    def generate(self, params: GenerationParams,
-                 on_step: Callable[[int, int, bool], None] | None = None) -> GenerationResult:
+    def generate(self, params: GenerationParams, on_step: StepCallback | None = None, *,
+                 checkpoints: Checkpoints | None = None, resume: ResumeState | None = None) -> GenerationResult:
+        """encode -> denoise -> decode. `checkpoints` writes resume states as the run goes (and ends it with
+        Interrupted when its stop() turns true); `resume` continues a stopped run, refused unless it was made
+        with these settings and model files."""
         if not isinstance(params, GenerationParams):
             raise AnimaError("generate takes a GenerationParams")
         tile = self.decode_tile(params)
-        conditioning = self.encode(params.prompt, params.negative, params.dtype)
-        denoised = self.denoise(conditioning, params, on_step=on_step)
+        fingerprints = None
+        if checkpoints is not None or resume is not None:
+            from .resume import model_fingerprints  # resume builds on this module
+
+            fingerprints = model_fingerprints(self.files, params.subgraphs)
+        if resume is not None:
+            resume.check(params, fingerprints)
+            conditioning = resume.conditioning
+        else:
+            conditioning = self.encode(params.prompt, params.negative, params.dtype)
+        if checkpoints is not None:
+            on_step = checkpoints.listener(params, fingerprints, conditioning, on_step, resume)
+        denoised = self.denoise(conditioning, params, on_step=on_step, resume=resume)
         image, decode_s = None, 0.0
         if denoised.sample.finite:  # never decode (and never save) a latent with NaN/Inf in it
             image, decode_s = self.decode(denoised.sample.latent, tile, params.vae_overlap)

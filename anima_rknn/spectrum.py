@@ -10,6 +10,7 @@ The algorithm, step by step: README "Spectrum step caching" and stable-diffusion
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 import numpy as np
 
@@ -66,7 +67,7 @@ class SpectrumSchedule:
         self._computed: list[int] = []
         self._skipped: list[int] = []
 
-    def should_predict(self) -> bool:
+    def should_skip(self) -> bool:
         if self.count < self.warmup:
             return False
         if self.stop_step > 0 and self.count >= self.stop_step:
@@ -83,15 +84,15 @@ class SpectrumSchedule:
         self._num_cached = 0
         self.count += 1
 
-    def mark_predicted(self) -> None:
+    def mark_skipped(self) -> None:
         self._skipped.append(self.count + 1)
         self._num_cached += 1
         self.count += 1
 
-    def withdraw_prediction(self) -> None:
-        """Undo the last mark_predicted(): that step is about to be computed after all."""
+    def withdraw_skip(self) -> None:
+        """Undo the last mark_skipped(): that step is about to be computed after all."""
         if not self._skipped or self._skipped[-1] != self.count:
-            raise RuntimeError("withdraw_prediction() without a prediction on the current step")
+            raise RuntimeError("withdraw_skip() without a skipped current step")
         self._skipped.pop()
         self._num_cached -= 1
         self.count -= 1
@@ -104,16 +105,37 @@ class SpectrumSchedule:
     def skipped_steps(self) -> list[int]:
         return list(self._skipped)
 
+    def state(self) -> dict[str, Any]:
+        """Everything a resumed run needs to continue exactly (JSON-able)."""
+        return {"count": self.count, "num_cached": self._num_cached, "window_size": self._window_size,
+                "computed": list(self._computed), "skipped": list(self._skipped)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from `state()` of a run with the same settings; a state that could not come from one is refused."""
+        try:
+            count, num_cached, window_size = state["count"], state["num_cached"], state["window_size"]
+            computed, skipped = list(state["computed"]), list(state["skipped"])
+        except (KeyError, TypeError):
+            raise AnimaError("the cache state is incomplete") from None
+        _check(_is_int(count) and 0 <= count <= self.num_steps and all(_is_int(s) for s in computed + skipped)
+               and sorted(computed + skipped) == list(range(1, count + 1))
+               and _is_int(num_cached) and 0 <= num_cached <= count
+               and _in_range(window_size, self.window, self.window + self.flex * self.num_steps),
+               "the cache state does not fit this run's schedule")
+        self.count, self._num_cached, self._window_size = int(count), int(num_cached), float(window_size)
+        self._computed, self._skipped = [int(s) for s in computed], [int(s) for s in skipped]
+
 
 class Spectrum:
     """Chebyshev ridge fit over the last K computed x0, blended with a first-order Taylor step.
 
-    update(x0) after every computed step; predict() on steps where should_predict() is true.
+    A step cache for any sampler loop: on each step `if s.should_skip(): x0 = s.forecast()`, otherwise run the
+    model and `s.record(x0)`.
     """
 
     def __init__(self, num_steps: int, w: float = 0.40, m: int = 3, lam: float = 1.0, window: int = 2,
                  flex: float = 0.5, warmup: int = 4, stop: float = 0.9, *, normalize: bool = False,
-                 tau_axis: str = "fixed50", taylor: str = "half") -> None:
+                 tau_axis: str = "fixed50", taylor: str = "half", name: str = "spectrum") -> None:
         _check(_in_range(w, 0.0, 1.0), f"cache option w must be in [0, 1], got {w!r}")
         _check(_is_int(m) and 0 <= m <= MAX_DEGREE, f"cache option m must be an integer from 0 to {MAX_DEGREE}, got {m!r}")
         _check(_in_range(lam, 0.0, 1e6), f"cache option lam must be in [0, 1e6], got {lam!r}")
@@ -121,7 +143,7 @@ class Spectrum:
         _check(tau_axis in TAU_AXES, f"cache option tau_axis must be one of {', '.join(TAU_AXES)}, got {tau_axis!r}")
         _check(taylor in TAYLOR_MODES, f"cache option taylor must be one of {', '.join(TAYLOR_MODES)}, got {taylor!r}")
         self.schedule = SpectrumSchedule(num_steps, window, flex, warmup, stop)
-        self.num_steps = self.schedule.num_steps
+        self.name, self.num_steps = name, self.schedule.num_steps
         self.w, self.m, self.lam = float(w), int(m), float(lam)
         self.normalize, self.tau_axis, self.taylor = normalize, tau_axis, taylor
         self.history_len = max(self.m + 1, 6)
@@ -142,27 +164,50 @@ class Spectrum:
     def skipped_steps(self) -> list[int]:
         return self.schedule.skipped_steps
 
-    def should_predict(self) -> bool:
-        return self.schedule.should_predict()
+    def should_skip(self) -> bool:
+        return self.schedule.should_skip()
 
-    def update(self, x0: np.ndarray) -> None:
+    def record(self, x0: np.ndarray) -> None:
         x0 = np.asarray(x0)
         self._shape, self._dtype = x0.shape, x0.dtype
         self._history.append(x0.astype(np.float32).ravel())
         self._history_counts.append(self.schedule.count)
         self.schedule.mark_computed()
 
-    def predict(self) -> np.ndarray:
+    def forecast(self) -> np.ndarray:
         coefficients = self.forecast_coefficients().astype(np.float32)
         forecast = np.zeros_like(self._history[0])
         for coefficient, entry in zip(coefficients, self._history):
             forecast += coefficient * entry
-        self.schedule.mark_predicted()
+        self.schedule.mark_skipped()
         return forecast.reshape(self._shape).astype(self._dtype, copy=False)
 
-    def cancel_prediction(self) -> None:
-        """Withdraw the last predict(): the caller computes that step with the model and update()s it."""
-        self.schedule.withdraw_prediction()
+    def withdraw_forecast(self) -> None:
+        """Take back the last forecast(): the caller computes that step with the model and record()s it."""
+        self.schedule.withdraw_skip()
+
+    def state(self) -> dict[str, Any]:
+        """The schedule's state and the stored x0 (float32 arrays, oldest first) with their step counts."""
+        return {**self.schedule.state(), "history": list(self._history), "history_counts": list(self._history_counts),
+                "shape": list(self._shape)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.schedule.restore(state)
+        try:
+            history, counts, shape = list(state["history"]), list(state["history_counts"]), tuple(state["shape"])
+        except (KeyError, TypeError):
+            raise AnimaError("the cache state is incomplete") from None
+        size = int(np.prod(shape)) if shape and all(_is_int(n) and n > 0 for n in shape) else -1
+        _check(len(history) == len(counts) <= self.history_len
+               and all(isinstance(h, np.ndarray) and h.dtype == np.float32 and h.shape == (size,) for h in history)
+               and all(_is_int(c) for c in counts) and counts == sorted(set(counts))
+               and all(c + 1 in self.schedule.computed_steps for c in counts),
+               "the cache state's stored x0 do not fit this run")
+        self._history.clear()
+        self._history.extend(np.array(h, copy=True) for h in history)
+        self._history_counts.clear()
+        self._history_counts.extend(int(c) for c in counts)
+        self._shape, self._dtype = shape, np.dtype(np.float32)
 
     def _tau(self, count: int) -> float:
         if self.tau_axis == "fixed50":
@@ -206,7 +251,7 @@ class Spectrum:
         return (self.schedule.count - last) / (last - previous)
 
     def forecast_coefficients(self) -> np.ndarray:
-        """Combined weights on the stored x0 (oldest first) that the next predict() applies."""
+        """Combined weights on the stored x0 (oldest first) that the next forecast() applies."""
         coefficients = self.w * self.chebyshev_weights()
         step = self._taylor_step()
         coefficients[-1] += (1.0 - self.w) * (1.0 + step)

@@ -25,15 +25,15 @@ from anima_rknn.tiny_set import write_model_set
 
 
 def forecast_ms(steps: int, latent: np.ndarray, rounds: int = 200) -> float:
-    """Mean CPU milliseconds of one predict() with a full history, on a latent of this shape."""
+    """Mean CPU milliseconds of one forecast() with a full history, on a latent of this shape."""
     spectrum = Spectrum(steps)
     rng = np.random.default_rng(0)
-    while not spectrum.should_predict():
-        spectrum.update(rng.standard_normal(latent.shape, dtype=np.float32))
+    while not spectrum.should_skip():
+        spectrum.record(rng.standard_normal(latent.shape, dtype=np.float32))
     start = time.process_time()
     for _ in range(rounds):
-        spectrum.predict()
-        spectrum.cancel_prediction()
+        spectrum.forecast()
+        spectrum.withdraw_forecast()
     return (time.process_time() - start) / rounds * 1e3
 
 

@@ -31,8 +31,8 @@ def computed_step_count(steps: int) -> int:
     """All three caches share the default Spectrum schedule, which does not depend on the values."""
     schedule = SpectrumSchedule(steps)
     for _ in range(steps):
-        if schedule.should_predict():
-            schedule.mark_predicted()
+        if schedule.should_skip():
+            schedule.mark_skipped()
         else:
             schedule.mark_computed()
     return len(schedule.computed_steps)

@@ -25,7 +25,7 @@ def test_pipeline_from_a_model_directory(tiny_set):
 
 def test_spectrum_imports_without_torch():
     code = ("import sys; sys.modules['torch'] = None; from anima_rknn import Spectrum; "
-            "s = Spectrum(20); print(s.should_predict())")
+            "s = Spectrum(20); print(s.should_skip())")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"

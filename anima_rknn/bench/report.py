@@ -43,7 +43,7 @@ def _side(policy: PolicyRuns, label: str) -> dict[str, Any]:
     first = policy.first
     sample = first.denoised.sample
     peaks = [run.peak_rss_bytes for run in policy.runs if run.peak_rss_bytes is not None]
-    per_step = zip(*(run.denoised.sample.step_times for run in policy.runs))
+    per_step = zip(*(run.step_times for run in policy.runs))
     return {
         "cache": policy.params.cache,
         "cache_options": policy.params.cache_options,
@@ -86,7 +86,7 @@ def _comparison(baseline: PolicyRuns, cached: PolicyRuns, side: dict[str, Any],
     if b.denoised.sample.finite and c.denoised.sample.finite:
         error = metrics.latent_error(b.denoised.sample.latent, c.denoised.sample.latent)
         result["latent_error"] = {"relative_l2": error.relative_l2, "max_abs": error.max_abs, "rmse": error.rmse}
-        result["x0_distance"] = metrics.x0_distances(b.denoised.sample.x0_history, c.denoised.sample.x0_history)
+        result["x0_distance"] = metrics.x0_distances(b.x0_history, c.x0_history)
     return result
 
 

@@ -7,12 +7,13 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from PIL import Image
 
 from ..errors import AnimaError
 from ..pipeline import MAX_SEED, AnimaPipeline, Conditioning, Denoised, GenerationParams, resolve_seed
 from ..sampling.caches import CACHE_NAMES, make_cache
-from ..sampling.euler import StepCallback
+from ..sampling.euler import StepCallback, StepEvent
 from ..memory import peak_rss
 
 BASELINE = "baseline"
@@ -22,12 +23,14 @@ RunCallback = Callable[[int, str, int], None]
 
 @dataclass
 class Run:
-    """One denoise + decode: the time of each and the peak RSS over both."""
+    """One denoise + decode: the time of each, the peak RSS over both, and each step's time and x0."""
 
     denoised: Denoised
     image: Image.Image | None  # None when the latent is not finite (never decoded)
     decode_s: float
     peak_rss_bytes: int | None
+    step_times: list[float]  # wall seconds per step
+    x0_history: list[np.ndarray]  # the x0 each step used
 
     @property
     def total_s(self) -> float:
@@ -103,12 +106,19 @@ def policy_params(params: GenerationParams, caches: Sequence[str],
 
 def _run(pipeline: AnimaPipeline, conditioning: Conditioning, params: GenerationParams, tile: int | None,
          on_step: StepCallback | None) -> Run:
+    events: list[StepEvent] = []
+
+    def listen(event: StepEvent) -> None:
+        events.append(event)
+        if on_step is not None:
+            on_step(event)
+
     with peak_rss() as peak:
-        denoised = pipeline.denoise(conditioning, params, keep_x0=True, on_step=on_step)
+        denoised = pipeline.denoise(conditioning, params, on_step=listen)
         image, decode_s = None, 0.0
         if denoised.sample.finite:
             image, decode_s = pipeline.decode(denoised.sample.latent, tile, params.vae_overlap)
-    return Run(denoised, image, decode_s, peak.bytes)
+    return Run(denoised, image, decode_s, peak.bytes, [e.seconds for e in events], [e.x0.copy() for e in events])
 
 
 def run_bench(pipeline: AnimaPipeline, params: GenerationParams, caches: Sequence[str],

@@ -13,6 +13,7 @@ from ..errors import AnimaError
 from ..files import output_folder, save_png
 from ..model_set import resolve
 from ..pipeline import AnimaPipeline, GenerationParams, GenerationResult, png_parameters
+from ..sampling.euler import StepEvent
 from . import cli
 from .generate import cache_options
 from .options import FINITE, image_size, model_options, rknn_options, rknn_settings, sampling_options, vae_options, vae_tiling
@@ -75,6 +76,8 @@ def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, n
     """Cached vs uncached baseline with the same weights, seed and noise: speed, work and image fidelity."""
     run_module, report_module, figures = bench_modules()
     cache_names = run_module.parse_cache_list(caches)
+    if prompt is None:
+        raise AnimaError("pass --prompt")
     seed_list = run_module.parse_seed_list(seeds) if seeds else [seed]
     options = cache_options(cache_option, {})
     files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
@@ -95,8 +98,8 @@ def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, n
         def on_run(run_seed: int, side: str, index: int) -> None:
             bar.set_description(f"seed {run_seed} {side} {index + 1}/{repeat}")
 
-        def on_step(step: int, total: int, skipped: bool) -> None:
-            bar.set_postfix_str("forecast" if skipped else "model")
+        def on_step(event: StepEvent) -> None:
+            bar.set_postfix_str("model" if event.computed else "forecast")
             bar.update(1)
 
         result = run_module.run_bench(pipeline, params, cache_names, options, seed_list, repeat,

@@ -1,16 +1,24 @@
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import shlex
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 from tqdm import tqdm
 
 from ..errors import AnimaError
-from ..files import check_output_file, json_text, save_png
+from ..files import check_name, check_output_file, json_text, save_png
 from ..model_set import resolve
 from ..pipeline import AnimaPipeline, GenerationParams, GenerationResult, png_parameters
+from ..resume import SETTINGS, Checkpoints, Interrupted, ResumeState, default_state_path, output_of_state, read_state
 from ..sampling.caches import CACHE_NAMES, OPTION_TYPES, parse_cache_options
+from ..sampling.euler import StepEvent
 from . import cli
 from .options import FINITE, image_size, model_options, rknn_options, rknn_settings, sampling_options, vae_options, vae_tiling
 
@@ -58,16 +66,34 @@ def spectrum_options(f):
               help='stable-diffusion.cpp style, e.g. "w=0.4,m=3,lam=1.0,window=2,flex=0.5,warmup=4,stop=0.9".')
 @spectrum_options
 @vae_options
-@click.option("--out", "-o", default="out.png", show_default=True, type=click.Path(dir_okay=False))
-@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+@click.option("--out", "-o", default="out.png", show_default=True, type=click.Path(dir_okay=False),
+              help="The PNG to write. Resuming X.png.state, the default is X.png.")
+@click.option("--overwrite", is_flag=True, help="Replace --out (and a stopped run's state file) if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results on stdout.")
-def generate(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, negative, width, height, steps,
-             cfg, seed, shift, dtype, backend, subgraphs, rknn_runtime, rknn_budget, rknn_core_mask, cache,
-             cache_option, tiling, vae_tile_size, vae_tile_overlap, out, overwrite, as_json, **spectrum) -> None:
-    """Generate one image."""
-    out_path = Path(out)
+@click.option("--state", "state", type=click.Path(dir_okay=False), default=None,
+              help="Where Ctrl-C / SIGTERM and checkpoints write the resume state. Default: OUT.state.")
+@click.option("--checkpoint-every", type=click.IntRange(min=1), default=None,
+              help="Also write the resume state every N steps. Default: after every computed step once the run "
+                   "takes over a minute.")
+@click.option("--resume", "resume_path", type=click.Path(dir_okay=False), default=None,
+              help="Continue a stopped run from its state file: same settings and model files, same image.")
+@click.pass_context
+def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, negative,
+             width, height, steps, cfg, seed, shift, dtype, backend, subgraphs, rknn_runtime, rknn_budget,
+             rknn_core_mask, cache, cache_option, tiling, vae_tile_size, vae_tile_overlap, out, overwrite, as_json,
+             state, checkpoint_every, resume_path, **spectrum) -> None:
+    """Generate one image. Ctrl-C (or SIGTERM) stops after the current step and writes a resume state;
+    a second Ctrl-C aborts at once."""
     files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
                     t5_tokenizer=t5_tokenizer)
+    resumed = read_state(resume_path) if resume_path else None
+    given = {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
+    if resumed is not None:
+        out = out if "out" in given else output_of_state(Path(resume_path))
+        if out is None:
+            raise AnimaError(f"pass --out: {resume_path} does not say which image it was for")
+    elif prompt is None:
+        raise AnimaError("pass --prompt (or --resume STATE to continue a stopped run)")
     width, height = image_size(files, width, height)
     params = GenerationParams(
         prompt=prompt, negative=negative, width=width, height=height, steps=steps, cfg=cfg, seed=seed,
@@ -77,38 +103,100 @@ def generate(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt
         rknn=rknn_settings(rknn_runtime, rknn_budget, rknn_core_mask),
         vae_tiling=vae_tiling(tiling), vae_tile=vae_tile_size, vae_overlap=vae_tile_overlap,
     )
+    if resumed is not None:  # the state's settings, except where the command line says otherwise (then refused)
+        params = settings_from_state(params, resumed, given)
     params.validate()
-    check_output_file(out_path, overwrite=overwrite, suffixes=(".png",))  # before minutes of work
+    out_path = check_output_file(Path(out), overwrite=overwrite, suffixes=(".png",))  # before minutes of work
+    state_path = Path(state) if state else default_state_path(out_path)
+    if resumed is None or state_path.resolve() != Path(resume_path).resolve():
+        check_state_file(state_path, overwrite)
     pipeline = AnimaPipeline(files)
+    checkpoints = Checkpoints(state_path, checkpoint_every, stop=lambda: bool(stops))
 
     bars: list[tqdm] = []  # opened at the first step, so that an error before it prints no empty bar
 
-    def on_step(step: int, total: int, skipped: bool) -> None:
+    def on_step(event: StepEvent) -> None:
         if not bars:
-            bars.append(tqdm(total=total, desc="denoise", unit="step", file=sys.stderr, dynamic_ncols=True))
-        bars[0].set_postfix_str("forecast" if skipped else "model")
+            bars.append(tqdm(total=event.total, initial=event.step - 1, desc="denoise", unit="step",
+                             file=sys.stderr, dynamic_ncols=True))
+        bars[0].set_postfix_str("model" if event.computed else "forecast")
         bars[0].update(1)
 
+    stopped: Interrupted | None = None
     try:
-        result = pipeline.generate(params, on_step=on_step)
+        with stop_on_signals() as stops:
+            result = pipeline.generate(params, on_step=on_step, checkpoints=checkpoints, resume=resumed)
+    except Interrupted as e:
+        stopped = e
     finally:
         for bar in bars:
             bar.close()
+    if stopped is not None:
+        click.echo(f"stopped after step {stopped.step}/{stopped.total}; resume with: anima-rknn generate "
+                   f"--resume {shlex.quote(str(stopped.path))}", err=True)
+        sys.exit(128 + stops[0])
 
     if result.finite:
         save_png(result.image, out_path, overwrite=overwrite,
                  parameters=png_parameters(result.params, files.dit.name, result))
+        checkpoints.remove()  # published: nothing left to resume
     report = summary(result, out_path if result.finite else None)
     if as_json:
         click.echo(json_text(report))
     echo = (lambda s: click.echo(s, err=True)) if as_json else click.echo
     t = report["timings"]
-    echo(f"{'wrote ' + str(out_path) if result.finite else 'NO IMAGE WRITTEN'}: {width}x{height}, {steps} steps, "
-         f"cache {cache}: computed {len(report['computed_steps'])}/{steps} steps, "
-         f"{report['transformer_passes']} transformer passes, {report['subgraph_runs']} subgraph runs; "
+    echo(f"{'wrote ' + str(out_path) if result.finite else 'NO IMAGE WRITTEN'}: {params.width}x{params.height}, "
+         f"{params.steps} steps, cache {params.cache}: computed {len(report['computed_steps'])}/{params.steps} "
+         f"steps, {report['transformer_passes']} transformer passes, {report['subgraph_runs']} subgraph runs; "
          f"encode {t['encode_s']:.2f}s, denoise {t['denoise_s']:.2f}s, decode {t['decode_s']:.2f}s, "
          f"total {t['total_s']:.2f}s (excl. encode)")
     if report["recomputed_steps"]:
         echo(f"numerical guard: non-finite forecast, recomputed steps {report['recomputed_steps']}")
     if not result.finite:
         raise AnimaError("the final latent is not finite (NaN/Inf); no image was written")
+
+
+# Command-line names of the settings a resume state holds, where they differ from GenerationParams' names.
+_FLAG_OF = {"vae_tiling": "tiling", "vae_tile": "vae_tile_size", "vae_overlap": "vae_tile_overlap"}
+
+
+def settings_from_state(params: GenerationParams, resumed: ResumeState, given: set[str]) -> GenerationParams:
+    """The state's settings; a setting also given on the command line must agree (check() names a difference)."""
+    cache_flags = {"cache_option", *(f"spectrum_{key}" for key in SPECTRUM_FLAGS)}
+    keep = {name for name in SETTINGS
+            if _FLAG_OF.get(name, name) in given or (name == "cache_options" and cache_flags & given)}
+    merged = dataclasses.replace(params, **{name: getattr(resumed.params, name) for name in SETTINGS if name not in keep})
+    resumed.check(merged, resumed.fingerprints)  # settings only here; the model files are checked by the pipeline
+    return merged
+
+
+def check_state_file(path: Path, overwrite: bool) -> None:
+    """A new run must not replace a stopped run's state unasked: that would throw its work away."""
+    check_name(path)
+    if path.exists() and not overwrite:
+        raise AnimaError(f"{path} holds a stopped run: continue it with --resume {shlex.quote(str(path))}, "
+                         "or pass --overwrite to start over")
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[list[int]]:
+    """The first SIGINT/SIGTERM/SIGHUP asks the run to stop after its current step (the list gets the signal's
+    number); a second one aborts at once, as the handlers outside this block would."""
+    stops: list[int] = []
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+    def request_stop(signum: int, frame: object) -> None:
+        if stops:
+            signal.signal(signum, saved[signum])
+            signal.raise_signal(signum)
+            return
+        stops.append(signum)
+        click.echo(f"\n{signal.Signals(signum).name}: stopping after this step (again to abort at once)", err=True)
+
+    for signum in saved:
+        signal.signal(signum, request_stop)
+    try:
+        yield stops
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import math
 
@@ -52,7 +53,7 @@ def model_options(f: F) -> F:
 
 def sampling_options(f: F) -> F:
     for option in reversed([
-        click.option("--prompt", "-p", required=True, help="Prompt; (word:1.2) weights as in ComfyUI."),
+        click.option("--prompt", "-p", default=None, help="Prompt (required); (word:1.2) weights as in ComfyUI."),
         click.option("--negative", "-n", default=DEFAULT_NEGATIVE, show_default=True, help="Negative prompt."),
         click.option("--width", "-W", type=int, default=None,
                      help="Default 512, or the size a small trained model was made for (64 for the demo model)."),
@@ -110,5 +111,10 @@ def vae_tiling(flag: bool | None) -> str:
 
 
 def image_size(files: ModelFiles, width: int | None, height: int | None) -> tuple[int, int]:
-    native = trained_image_size(files.dit) or 512
-    return width or native, height or native
+    return dit_image_size(files.dit, width, height)
+
+
+def dit_image_size(dit: Path, width: int | None, height: int | None) -> tuple[int, int]:
+    """--width/--height, by default 512 or the size a small trained model was made for (64 for the demo)."""
+    native = trained_image_size(dit) or 512
+    return (native if width is None else width), (native if height is None else height)

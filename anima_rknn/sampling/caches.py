@@ -3,7 +3,7 @@ forecast of x0; otherwise it records the model's x0."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -32,7 +32,8 @@ class CachePolicy(Protocol):
     """Per step the sampler calls should_skip(), then forecast() or record(x0).
 
     A forecast the sampler finds unusable is taken back with withdraw_forecast(); the sampler then
-    record()s the model's x0 for that same step.
+    record()s the model's x0 for that same step. state() / restore() carry a run across a stop and resume:
+    NumPy arrays (or lists of them) plus JSON-able values.
     """
 
     name: str
@@ -45,6 +46,10 @@ class CachePolicy(Protocol):
     def record(self, x0: np.ndarray) -> None: ...
 
     def withdraw_forecast(self) -> None: ...
+
+    def state(self) -> dict[str, Any]: ...
+
+    def restore(self, state: dict[str, Any]) -> None: ...
 
     @property
     def computed_steps(self) -> list[int]: ...
@@ -74,6 +79,15 @@ class NoCache:
     def withdraw_forecast(self) -> None:
         raise RuntimeError("cache 'none' never forecasts")
 
+    def state(self) -> dict[str, Any]:
+        return {"count": self._recorded}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        count = state.get("count") if isinstance(state, dict) else None
+        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= self.num_steps:
+            raise AnimaError("the cache state does not fit this run's schedule")
+        self._recorded = count
+
     @property
     def computed_steps(self) -> list[int]:
         return list(range(1, self._recorded + 1))
@@ -81,33 +95,6 @@ class NoCache:
     @property
     def skipped_steps(self) -> list[int]:
         return []
-
-
-class SpectrumCache:
-    """Forecasts skipped steps with a Spectrum (faithful or with the "plus" options)."""
-
-    def __init__(self, name: str, spectrum: Spectrum) -> None:
-        self.name, self.spectrum, self.num_steps = name, spectrum, spectrum.num_steps
-
-    def should_skip(self) -> bool:
-        return self.spectrum.should_predict()
-
-    def forecast(self) -> np.ndarray:
-        return self.spectrum.predict()
-
-    def record(self, x0: np.ndarray) -> None:
-        self.spectrum.update(x0)
-
-    def withdraw_forecast(self) -> None:
-        self.spectrum.cancel_prediction()
-
-    @property
-    def computed_steps(self) -> list[int]:
-        return self.spectrum.computed_steps
-
-    @property
-    def skipped_steps(self) -> list[int]:
-        return self.spectrum.skipped_steps
 
 
 class ReuseCache:
@@ -121,10 +108,10 @@ class ReuseCache:
         self._last_x0: np.ndarray | None = None
 
     def should_skip(self) -> bool:
-        return self.schedule.should_predict()
+        return self.schedule.should_skip()
 
     def forecast(self) -> np.ndarray:
-        self.schedule.mark_predicted()
+        self.schedule.mark_skipped()
         return self._last_x0.copy()
 
     def record(self, x0: np.ndarray) -> None:
@@ -132,7 +119,18 @@ class ReuseCache:
         self.schedule.mark_computed()
 
     def withdraw_forecast(self) -> None:
-        self.schedule.withdraw_prediction()
+        self.schedule.withdraw_skip()
+
+    def state(self) -> dict[str, Any]:
+        return {**self.schedule.state(), "last_x0": [] if self._last_x0 is None else [self._last_x0]}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.schedule.restore(state)
+        last = list(state.get("last_x0", ()))
+        if len(last) != (1 if self.schedule.computed_steps else 0) or not all(
+                isinstance(x, np.ndarray) and x.dtype == np.float32 for x in last):
+            raise AnimaError("the cache state's last x0 does not fit this run")
+        self._last_x0 = np.array(last[0], copy=True) if last else None
 
     @property
     def computed_steps(self) -> list[int]:
@@ -159,7 +157,7 @@ def make_cache(name: str, num_steps: int,
         return ReuseCache(SpectrumSchedule(num_steps, **options))
     if name == "spectrum-plus":
         options = {**SPECTRUM_PLUS_DEFAULTS, **options}
-    return SpectrumCache(name, Spectrum(num_steps, **options))
+    return Spectrum(num_steps, name=name, **options)
 
 
 def _parse_value(key: str, text: str) -> float | str | bool:

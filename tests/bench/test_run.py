@@ -36,11 +36,11 @@ def test_defaults_at_20_steps_are_40_vs_22_passes(result):
 
 def test_both_sides_share_noise_and_conditioning(result):
     seed_result = result.seeds[0]
-    base = seed_result.baseline.first.denoised.sample
-    spectrum = seed_result.cached["spectrum"].first.denoised.sample
+    base_run, spectrum_run = seed_result.baseline.first, seed_result.cached["spectrum"].first
+    base, spectrum = base_run.denoised.sample, spectrum_run.denoised.sample
     # Steps 1-4 are computed on both sides from the same start, so their x0 must agree exactly.
     for step in range(4):
-        np.testing.assert_array_equal(base.x0_history[step], spectrum.x0_history[step])
+        np.testing.assert_array_equal(base_run.x0_history[step], spectrum_run.x0_history[step])
     assert not np.array_equal(base.latent, spectrum.latent)  # forecasts did change the result
     again = seed_result.cached["none"].first
     np.testing.assert_array_equal(again.denoised.sample.latent, base.latent)

@@ -226,7 +226,7 @@ def _wait_for_denoising(process: subprocess.Popen, log: Path, timeout: float = 1
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_a_signal_mid_run_leaves_nothing_behind(model_dir, out_dir, tmp_path, signum):
+def test_a_signal_mid_run_stops_after_the_step_and_leaves_only_its_state(model_dir, out_dir, tmp_path, signum):
     before = snapshot(out_dir)
     log = tmp_path / "log.txt"
     with open(log, "wb") as stderr:
@@ -235,9 +235,27 @@ def test_a_signal_mid_run_leaves_nothing_behind(model_dir, out_dir, tmp_path, si
         _wait_for_denoising(process, log)
         process.send_signal(signum)
         code = process.wait(timeout=120)
-    assert code == 128 + signum, log.read_text()
-    assert "Traceback" not in log.read_text()
-    assert snapshot(out_dir) == before
+    text = log.read_text()
+    assert code == 128 + signum, text
+    assert "Traceback" not in text
+    assert f"resume with: anima-rknn generate --resume {out_dir / 'x.png.state'}" in text.splitlines()[-1]
+    assert snapshot(out_dir).keys() == {*before, "x.png.state"}  # no PNG, no temporary: just the state
+
+
+def test_a_second_signal_aborts_at_once_and_leaves_nothing(model_dir, out_dir, tmp_path):
+    before = snapshot(out_dir)
+    log = tmp_path / "log.txt"
+    with open(log, "wb") as stderr:
+        process = subprocess.Popen(_command("generate", "--model", str(model_dir), "-p", "cat", "-W", "64", "-H", "64",
+                                            "--steps", "1000", "-o", str(out_dir / "x.png")), stderr=stderr)
+        _wait_for_denoising(process, log)
+        process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGINT)
+        code = process.wait(timeout=120)
+    text = log.read_text()
+    assert code == 130 and "Traceback" not in text, text
+    assert snapshot(out_dir).keys() <= {*before, "x.png.state"}  # at most a state written whole before
+    assert not any(name.endswith(".part") for name in os.listdir(out_dir))
 
 
 def test_model_file_truncated_while_mapped_is_one_line(tiny_set, out_dir, tmp_path):

@@ -48,8 +48,8 @@ def test_reuse_returns_the_last_computed_x0_unchanged():
 
 def test_spectrum_plus_options_override_its_defaults():
     cache = make_cache("spectrum-plus", 20, {"w": 0.5, "taylor": "fractional"})
-    assert cache.spectrum.w == 0.5 and cache.spectrum.taylor == "fractional"
-    assert make_cache("spectrum", 20).spectrum.w == 0.4
+    assert cache.w == 0.5 and cache.taylor == "fractional"
+    assert make_cache("spectrum", 20).w == 0.4
 
 
 @pytest.mark.parametrize("name", ["spectrum", "spectrum-plus", "reuse"])

@@ -1,8 +1,10 @@
+import copy
+
 import numpy as np
 import pytest
 
 from anima_rknn.errors import AnimaError
-from anima_rknn.sampling.caches import make_cache
+from anima_rknn.sampling.caches import CACHE_NAMES, make_cache
 from anima_rknn.sampling.euler import sample_euler
 from anima_rknn.sampling.mixture import cfg_denoiser, initial_noise, make_testbed
 from anima_rknn.sampling.schedule import flow_sigmas
@@ -29,22 +31,24 @@ def test_cache_none_is_bit_identical_to_a_plain_euler_loop(denoise):
     assert result.skipped_steps == [] and result.recomputed_steps == [] and result.finite
 
 
-def test_spectrum_run_reports_steps_calls_and_progress(denoise):
-    progress = []
+def test_spectrum_run_reports_every_step_as_an_event(denoise):
+    events = []
     result = sample_euler(denoise, initial_noise(16, [0]), flow_sigmas(20), make_cache("spectrum", 20),
-                          callback=lambda step, total, skipped: progress.append((step, total, skipped)),
-                          keep_x0=True)
+                          callback=events.append)
     assert result.computed_steps == [1, 2, 3, 4, 6, 8, 11, 14, 18, 19, 20]
     assert result.skipped_steps == [5, 7, 9, 10, 12, 13, 15, 16, 17]
     assert result.model_calls == 11 and result.finite
-    assert progress == [(s, 20, s in result.skipped_steps) for s in range(1, 21)]
-    assert len(result.step_times) == 20 and all(t >= 0 for t in result.step_times)
-    assert len(result.x0_history) == 20 and result.x0_history[0].shape == (1, 16)
-
-
-def test_x0_history_only_on_request(denoise):
-    result = sample_euler(denoise, initial_noise(16, [0]), flow_sigmas(4), make_cache("none", 4))
-    assert result.x0_history is None
+    assert [(e.step, e.total, e.computed) for e in events] == [(s, 20, s in result.computed_steps)
+                                                               for s in range(1, 21)]
+    sigmas = flow_sigmas(20)
+    assert [(e.sigma, e.sigma_next) for e in events] == [(sigmas[i], sigmas[i + 1]) for i in range(20)]
+    assert np.array_equal(events[-1].x, result.latent) and events[0].x0.shape == (1, 16)
+    assert all(e.seconds >= 0 and e.eta_s >= 0 for e in events) and events[-1].eta_s == 0
+    assert (events[5].cache_state["computed"], events[5].cache_state["skipped"]) == ([1, 2, 3, 4, 6], [5])
+    # The x of each event is the Euler update of the previous one with that event's x0.
+    for before, after in zip(events, events[1:]):
+        expected = before.x + (after.sigma_next - after.sigma) * ((before.x - after.x0) / after.sigma)
+        np.testing.assert_array_equal(after.x, expected.astype(np.float32))
 
 
 def test_cached_run_stays_close_to_uncached(denoise):
@@ -99,5 +103,54 @@ def test_a_used_cache_is_refused(denoise):
     sample_euler(denoise, initial_noise(16, [0]), flow_sigmas(4), cache)
     with pytest.raises(RuntimeError):
         sample_euler(denoise, initial_noise(16, [0]), flow_sigmas(4), cache)
-    cache.spectrum.reset()
+    cache.reset()
     assert sample_euler(denoise, initial_noise(16, [0]), flow_sigmas(4), cache).model_calls == 4
+
+
+class Stop(Exception):
+    pass
+
+
+def _interrupted_at(denoise, noise, sigmas, name, stop_after):
+    """Run until step `stop_after` finished; return that step's event (what a resume state is made of)."""
+    seen = []
+
+    def listener(event):
+        seen.append(event)
+        if event.step == stop_after:
+            raise Stop
+
+    with pytest.raises(Stop):
+        sample_euler(denoise, noise, sigmas, make_cache(name, len(sigmas) - 1), callback=listener)
+    return seen[-1], [e.step for e in seen if e.recomputed]
+
+
+@pytest.mark.parametrize("name", CACHE_NAMES)
+def test_resuming_after_any_step_is_bit_identical(denoise, name):
+    """Stopped after warm-up steps, computed steps, forecast steps or the next-to-last step, and continued
+    from the event's latent and cache state, the run ends on exactly the uninterrupted latent."""
+    noise, sigmas = initial_noise(16, range(3)), flow_sigmas(20)
+    reference = sample_euler(denoise, noise, sigmas, make_cache(name, 20))
+    for stop_after in range(1, 20):
+        event, recomputed = _interrupted_at(denoise, noise, sigmas, name, stop_after)
+        cache = make_cache(name, 20)
+        cache.restore(copy.deepcopy(event.cache_state))
+        resumed = sample_euler(denoise, event.x.copy(), sigmas, cache, start=stop_after, recomputed=recomputed)
+        assert np.array_equal(resumed.latent, reference.latent), (name, stop_after)
+        assert resumed.computed_steps == reference.computed_steps
+        assert resumed.skipped_steps == reference.skipped_steps
+
+
+@pytest.mark.parametrize("name", CACHE_NAMES)
+def test_a_state_from_another_run_is_refused(name):
+    cache = make_cache(name, 20)
+    other = make_cache(name, 30)
+    for _ in range(25):
+        if other.should_skip():
+            other.forecast()
+        else:
+            other.record(np.zeros((1, 16), np.float32))
+    with pytest.raises(AnimaError, match="cache state"):
+        cache.restore(other.state())
+    with pytest.raises(AnimaError, match="cache state"):
+        cache.restore({"count": "many"})

@@ -1,0 +1,256 @@
+"""Stop a long generation and resume it later, bit-identically: the resume state file and periodic checkpoints.
+
+A state is one safetensors file (written through the output module, so always whole): the latent after the
+last finished step, both prompts' DiT contexts, the cache's stored x0, and one JSON record in its metadata
+with the format version, every generation setting, fingerprints of the model files and the subgraph set, the
+step index and the cache's schedule. Nothing in it is a path we open or a pickle: resuming reads tensors
+and JSON only, and every value is checked before use.
+
+Prompt contexts are stored rather than re-encoded: 4 MiB at Anima's 512 x 1024 x 2 in float32 against loading
+1.2 GB of Qwen3 again (seconds on the board), and re-encoding with another thread count could change the
+last bits, which would break the promise that a resumed image is identical.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .checkpoint import load_tensors, read_header, read_metadata, save_tensors
+from .errors import AnimaError
+from .export.manifest import MANIFEST
+from .model_set import ModelFiles
+from .pipeline import Conditioning, GenerationParams
+from .sampling.euler import StepCallback, StepEvent
+
+STATE_FORMAT = "anima-rknn-resume/1"
+STATE_KEY = "anima_rknn.resume"
+STATE_SUFFIX = ".state"
+# Checkpoints by default: after every computed step, once the run is this long (elapsed + ETA), so that a
+# crash or power cut on the board loses one step, while a seconds-long CPU run writes nothing.
+LONG_RUN_S = 60.0
+_FINGERPRINT_SAMPLES, _FINGERPRINT_BLOCK = 64, 4096
+# Settings that change the picture: a state is refused when any differs. (The RKNN memory budget and NPU
+# core mask only change how fast it is made.)
+SETTINGS = ("prompt", "negative", "width", "height", "steps", "cfg", "seed", "shift", "dtype", "cache",
+            "cache_options", "backend", "vae_tiling", "vae_tile", "vae_overlap")
+
+
+class Interrupted(Exception):
+    """The run stopped after a finished step because a stop was asked for; its state is at `path`."""
+
+    def __init__(self, path: Path, step: int, total: int) -> None:
+        super().__init__(f"stopped after step {step}/{total}")
+        self.path, self.step, self.total = path, step, total
+
+
+def fingerprint(path: str | os.PathLike, what: str) -> str:
+    """A cheap, stable identity of a safetensors file: sha256 over its size, its whole header (every tensor's
+    name, dtype, shape and offsets) and 64 blocks of 4 KiB spread evenly over its data.
+
+    A full sha256 of Anima's 5.3 GB reads for a minute on the board at every checkpoint and resume; this reads
+    about 256 KiB. It changes with any other file, any re-save, any change of layout or of any sampled block;
+    only an in-place edit of the same bytes count that misses every sampled block would go unseen."""
+    header = read_header(path, what)
+    size = header.path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with open(header.path, "rb") as f:
+        (header_len,) = np.frombuffer(f.read(8), dtype="<u8")
+        digest.update(f.read(int(header_len)))
+        start = 8 + int(header_len)
+        for i in range(_FINGERPRINT_SAMPLES):
+            f.seek(start + (size - start) * i // _FINGERPRINT_SAMPLES)
+            digest.update(f.read(_FINGERPRINT_BLOCK))
+    return digest.hexdigest()
+
+
+def model_fingerprints(files: ModelFiles, subgraphs: Path | None) -> dict[str, str | None]:
+    """What a state remembers of the model: the three checkpoint files and the subgraph set, whose manifest holds
+    the sha256 of every file in it (checked whenever the set loads), so the manifest's own hash is enough."""
+    prints: dict[str, str | None] = {"dit": fingerprint(files.dit, "DiT"),
+                                     "text_encoder": fingerprint(files.text_encoder, "text encoder"),
+                                     "vae": fingerprint(files.vae, "VAE"), "subgraphs": None}
+    if subgraphs is not None:
+        try:
+            prints["subgraphs"] = hashlib.sha256((Path(subgraphs) / MANIFEST).read_bytes()).hexdigest()
+        except OSError:
+            raise AnimaError(f"{subgraphs} holds no readable {MANIFEST}") from None
+    return prints
+
+
+def default_state_path(out: Path) -> Path:
+    return out.with_name(out.name + STATE_SUFFIX)
+
+
+def output_of_state(state: Path) -> Path | None:
+    """`x.png.state` was written for `x.png`; other names say nothing about their output."""
+    return state.with_name(state.name.removesuffix(STATE_SUFFIX)) if state.name.endswith(".png" + STATE_SUFFIX) else None
+
+
+@dataclasses.dataclass
+class ResumeState:
+    params: GenerationParams
+    fingerprints: dict[str, str | None]  # dit, text_encoder, vae, subgraphs
+    step: int  # steps finished
+    latent: np.ndarray  # after `step` steps
+    conditioning: Conditioning
+    cache_state: dict[str, Any]
+    recomputed: list[int]
+    denoise_s: float  # denoising time spent before the stop
+
+    def check(self, params: GenerationParams, fingerprints: dict[str, str | None]) -> None:
+        """Refuse, naming the first difference, a state made with other settings or other model files."""
+        for name in SETTINGS:
+            ours, theirs = getattr(self.params, name), getattr(params, name)
+            if ours != theirs:
+                raise AnimaError(f"the state was made with {name} {_shown(ours)}, this run asks for {_shown(theirs)}")
+        for name, ours in self.fingerprints.items():
+            if ours != fingerprints.get(name):
+                what = "subgraph set" if name == "subgraphs" else name.replace("_", " ") + " file"
+                raise AnimaError(f"the state was made with another {what}")
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# ---- writing -------------------------------------------------------------------------------------------------
+
+def write_state(path: Path, params: GenerationParams, fingerprints: dict[str, str | None], event: StepEvent,
+                conditioning: Conditioning, recomputed: list[int], denoise_s: float) -> None:
+    scalars, tensors = {}, {"latent": torch.from_numpy(np.ascontiguousarray(event.x)),
+                            "context.positive": conditioning.positive, "context.negative": conditioning.negative}
+    for key, value in event.cache_state.items():
+        if isinstance(value, list) and value and all(isinstance(v, np.ndarray) for v in value):
+            for i, array in enumerate(value):
+                tensors[f"cache.{key}.{i}"] = torch.from_numpy(np.ascontiguousarray(array))
+            scalars[key] = {"arrays": len(value)}
+        else:
+            scalars[key] = {"value": value}
+    record = {
+        "format": STATE_FORMAT, "step": event.step, "total": event.total, "recomputed": recomputed,
+        "denoise_s": denoise_s, "fingerprints": fingerprints,
+        "params": {name: getattr(params, name) for name in SETTINGS},
+        "cache": scalars,
+    }
+    save_tensors(tensors, path, {STATE_KEY: json.dumps(record, allow_nan=False)})
+
+
+class Checkpoints:
+    """A step listener that writes the resume state: every `every` steps, or (every=None) after every computed
+    step of a long run; and, when `stop()` turns true, once more before ending the run with Interrupted."""
+
+    def __init__(self, path: Path, every: int | None = None, stop: Callable[[], bool] = lambda: False) -> None:
+        if every is not None and (not isinstance(every, int) or every < 1):
+            raise AnimaError(f"--checkpoint-every must be a positive number of steps, got {every!r}")
+        self.path, self.every, self.stop = Path(path), every, stop
+        self.written = False
+
+    def listener(self, params: GenerationParams, fingerprints: dict[str, str | None], conditioning: Conditioning,
+                 on_step: StepCallback | None, resumed: ResumeState | None = None) -> StepCallback:
+        recomputed = list(resumed.recomputed) if resumed else []
+        spent_before = resumed.denoise_s if resumed else 0.0
+        started = time.perf_counter()
+
+        def listen(event: StepEvent) -> None:
+            if on_step is not None:
+                on_step(event)
+            if event.recomputed:
+                recomputed.append(event.step)
+            elapsed = time.perf_counter() - started
+            due = (event.step % self.every == 0 if self.every is not None
+                   else event.computed and spent_before + elapsed + event.eta_s > LONG_RUN_S)
+            stopping = self.stop() and event.step < event.total
+            if (due or stopping) and event.step < event.total:
+                write_state(self.path, params, fingerprints, event, conditioning, recomputed, spent_before + elapsed)
+                self.written = True
+            if stopping:
+                raise Interrupted(self.path, event.step, event.total)
+
+        return listen
+
+    def remove(self) -> None:
+        """The run finished and its output is written: its state has nothing left to resume."""
+        self.path.unlink(missing_ok=True)
+
+
+# ---- reading -------------------------------------------------------------------------------------------------
+
+def _field(record: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = record.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise AnimaError(f"the resume state's {name} is missing or of the wrong type")
+    return value
+
+
+def read_state(path: str | os.PathLike) -> ResumeState:
+    """A state written by write_state, every value checked; anything else is one AnimaError line."""
+    path = Path(path)
+    if not path.is_file():
+        raise AnimaError(f"resume state not found: {path}")
+    try:
+        record = json.loads(read_metadata(path, "resume state", dtypes=("F32",)).get(STATE_KEY, "null"))
+    except (ValueError, RecursionError):
+        raise AnimaError(f"{path}: the resume record is not valid JSON") from None
+    if not isinstance(record, dict) or record.get("format") != STATE_FORMAT:
+        found = record.get("format") if isinstance(record, dict) else None
+        raise AnimaError(f"{path} is not an {STATE_FORMAT} resume state"
+                         + (f" (it is {_shown(found)}: made by another version)" if found else ""))
+    settings = _field(record, "params", dict)
+    if set(settings) != set(SETTINGS):
+        raise AnimaError(f"{path}: the resume state's settings are not the ones this version writes")
+    try:
+        params = GenerationParams(**settings)
+        params.validate()
+    except (TypeError, AnimaError) as e:
+        raise AnimaError(f"{path}: the resume state's settings are invalid ({e})") from None
+    step, total = _field(record, "step", int), _field(record, "total", int)
+    if total != params.steps or not 1 <= step < total:
+        raise AnimaError(f"{path}: the resume state's step {step} of {total} does not fit its {params.steps} steps")
+    recomputed = _field(record, "recomputed", list)
+    denoise_s = _field(record, "denoise_s", (int, float))
+    fingerprints = _field(record, "fingerprints", dict)
+    if (set(fingerprints) != {"dit", "text_encoder", "vae", "subgraphs"}
+            or not all(v is None or isinstance(v, str) for v in fingerprints.values())
+            or not all(isinstance(s, int) and 1 <= s <= step for s in recomputed) or not math.isfinite(denoise_s)):
+        raise AnimaError(f"{path}: the resume state's record is damaged")
+    tensors = {name: t.numpy() for name, t in load_tensors(path, "resume state", dtypes=("F32",)).items()}
+    latent = tensors.pop("latent", None)
+    expected = (1, 16, params.height // 8, params.width // 8)
+    if latent is None or latent.shape != expected or not np.isfinite(latent).all():
+        raise AnimaError(f"{path}: the resume state's latent is missing, not {list(expected)} or not finite")
+    contexts = [tensors.pop(f"context.{side}", None) for side in ("positive", "negative")]
+    if any(c is None or c.ndim != 3 or c.shape[0] != 1 or c.shape != contexts[0].shape or not np.isfinite(c).all()
+           for c in contexts):
+        raise AnimaError(f"{path}: the resume state's prompt contexts are missing or damaged")
+    cache_state = _cache_state(_field(record, "cache", dict), tensors, path)
+    conditioning = Conditioning(torch.from_numpy(contexts[0]), torch.from_numpy(contexts[1]), 0.0)
+    return ResumeState(params, fingerprints, step, latent, conditioning, cache_state, recomputed, float(denoise_s))
+
+
+def _cache_state(scalars: dict[str, Any], tensors: dict[str, np.ndarray], path: Path) -> dict[str, Any]:
+    """The cache's state() again: JSON values as they were, arrays gathered back into their lists."""
+    state: dict[str, Any] = {}
+    for key, entry in scalars.items():
+        if isinstance(entry, dict) and set(entry) == {"value"}:
+            state[key] = entry["value"]
+        elif isinstance(entry, dict) and set(entry) == {"arrays"} and isinstance(entry["arrays"], int) \
+                and 0 < entry["arrays"] <= 64:
+            state[key] = [tensors.pop(f"cache.{key}.{i}", None) for i in range(entry["arrays"])]
+        else:
+            raise AnimaError(f"{path}: the resume state's cache entry {_shown(key)} is damaged")
+    missing = any(array is None for value in state.values() if isinstance(value, list) for array in value)
+    if tensors or missing:
+        raise AnimaError(f"{path}: the resume state's cache arrays do not match its record")
+    return state

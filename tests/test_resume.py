@@ -1,0 +1,178 @@
+"""Stop and resume: a resumed image is bit-identical to the uninterrupted one, and a state that does not belong
+to the run is refused in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+from anima_rknn.checkpoint import load_tensors, read_metadata, save_tensors
+from anima_rknn.errors import AnimaError
+from anima_rknn.pipeline import AnimaPipeline, GenerationParams
+from anima_rknn.resume import STATE_KEY, Checkpoints, Interrupted, fingerprint, read_state
+from anima_rknn.sampling.caches import CACHE_NAMES
+
+STEPS = 12  # the Spectrum schedule at 12 steps: computed 1-4, 6, 8, 11, 12; forecast 5, 7, 9, 10
+BASE = GenerationParams(prompt="a red circle", width=64, height=64, steps=STEPS, seed=7)
+
+
+@pytest.fixture(scope="module")
+def pipeline(tiny_set):
+    return AnimaPipeline(tiny_set)
+
+
+@pytest.fixture(scope="module")
+def references(pipeline, one_thread):
+    return {name: pipeline.generate(dataclasses.replace(BASE, cache=name)) for name in CACHE_NAMES}
+
+
+def stop_after(pipeline, params, path, step):
+    """Run until `step` has finished, as Ctrl-C during that step would; return the Interrupted."""
+    asked = []
+    checkpoints = Checkpoints(path, stop=lambda: bool(asked))
+    with pytest.raises(Interrupted) as stopped:
+        pipeline.generate(params, on_step=lambda e: asked.append(True) if e.step == step else None,
+                          checkpoints=checkpoints)
+    return stopped.value
+
+
+@pytest.mark.parametrize("name", CACHE_NAMES)
+@pytest.mark.parametrize("step", [2, 5, 8, 11])  # warm-up, forecast, computed, and the step before the last
+def test_resumed_image_is_bit_identical(pipeline, references, tmp_path, one_thread, name, step):
+    params = dataclasses.replace(BASE, cache=name)
+    stopped = stop_after(pipeline, params, tmp_path / "x.png.state", step)
+    assert (stopped.step, stopped.total) == (step, STEPS)
+    state = read_state(stopped.path)
+    resumed = pipeline.generate(params, resume=state)
+    reference = references[name]
+    assert np.array_equal(resumed.latent, reference.latent)
+    assert resumed.image.tobytes() == reference.image.tobytes()
+    assert resumed.denoised.sample.computed_steps == reference.denoised.sample.computed_steps
+
+
+def test_resume_on_the_onnx_backend(tiny_set, tmp_path, one_thread):
+    from anima_rknn.export.onnx import export_subgraphs
+
+    export_subgraphs(tiny_set.dit, 64, 64, tmp_path / "onnx", progress=False)
+    pipeline = AnimaPipeline(tiny_set)
+    params = dataclasses.replace(BASE, backend="onnx", subgraphs=tmp_path / "onnx", cache="spectrum")
+    reference = pipeline.generate(params)
+    stopped = stop_after(pipeline, params, tmp_path / "x.png.state", 5)
+    resumed = pipeline.generate(params, resume=read_state(stopped.path))
+    assert np.array_equal(resumed.latent, reference.latent)
+    other = dataclasses.replace(params, backend="torch", subgraphs=None)
+    with pytest.raises(AnimaError, match="made with backend 'onnx'"):
+        pipeline.generate(other, resume=read_state(stopped.path))
+
+
+@pytest.fixture(scope="module")
+def state_file(pipeline, tmp_path_factory, one_thread):
+    path = tmp_path_factory.mktemp("state") / "x.png.state"
+    stop_after(pipeline, dataclasses.replace(BASE, cache="spectrum"), path, 6)
+    return path
+
+
+@pytest.mark.parametrize("change, pattern", [
+    ({"prompt": "a blue square"}, "made with prompt 'a red circle', this run asks for 'a blue square'"),
+    ({"steps": 13}, "made with steps 12"),
+    ({"width": 128}, "made with width 64"),
+    ({"seed": 8}, "made with seed 7"),
+    ({"cfg": 5.0}, "made with cfg 4.0"),
+    ({"cache": "reuse"}, "made with cache 'spectrum'"),
+    ({"cache_options": {"w": 0.5}}, "made with cache_options {}"),
+    ({"dtype": "bf16"}, "made with dtype 'fp32'"),
+])
+def test_other_settings_are_refused(pipeline, state_file, change, pattern):
+    params = dataclasses.replace(BASE, **{"cache": "spectrum", **change})
+    with pytest.raises(AnimaError, match=pattern.replace("(", r"\(").replace(")", r"\)")):
+        pipeline.generate(params, resume=read_state(state_file))
+
+
+@pytest.mark.parametrize("part", ["dit", "text_encoder", "vae"])
+def test_other_model_files_are_refused(tiny_set, state_file, tmp_path, part):
+    path = getattr(tiny_set, part)
+    tensors = {k: v.clone() for k, v in load_tensors(path, "model").items()}
+    name = next(iter(tensors))
+    tensors[name] = tensors[name] + 1  # same layout, other weights
+    copy = tmp_path / path.name
+    save_tensors(tensors, copy, read_metadata(path, "model"))
+    assert fingerprint(copy, "model") != fingerprint(path, "model")
+    other = AnimaPipeline(dataclasses.replace(tiny_set, **{part: copy}))
+    with pytest.raises(AnimaError, match=f"made with another {part.replace('_', ' ')} file"):
+        other.generate(dataclasses.replace(BASE, cache="spectrum"), resume=read_state(state_file))
+
+
+def _rewrite(state_file, tmp_path, edit_record=None, edit_tensors=None):
+    tensors = {k: v.clone() for k, v in load_tensors(state_file, "state", dtypes=("F32",)).items()}
+    record = json.loads(read_metadata(state_file, "state", dtypes=("F32",))[STATE_KEY])
+    if edit_record:
+        edit_record(record)
+    if edit_tensors:
+        edit_tensors(tensors)
+    path = tmp_path / "edited.state"
+    save_tensors(tensors, path, {STATE_KEY: json.dumps(record)})
+    return path
+
+
+BAD_STATES = {
+    "other format": (lambda r: r.update(format="anima-rknn-resume/0"), None, "made by another version"),
+    "step past the end": (lambda r: r.update(step=12), None, "step 12 of 12"),
+    "negative step": (lambda r: r.update(step=-1), None, "step -1"),
+    "settings missing": (lambda r: r["params"].pop("seed"), None, "settings are not the ones"),
+    "settings invalid": (lambda r: r["params"].update(cfg=1e9), None, "settings are invalid"),
+    "unknown setting": (lambda r: r["params"].update(evil=1), None, "settings are not the ones"),
+    "fingerprints": (lambda r: r.update(fingerprints=[]), None, "fingerprints is missing or of the wrong type"),
+    "cache schedule": (lambda r: r["cache"]["count"].update(value=11), None, "cache state"),
+    "cache entry": (lambda r: r["cache"].update(count=5), None, "cache entry 'count' is damaged"),
+    "latent shape": (None, lambda t: t.update(latent=t["latent"][..., :4]), "latent is missing"),
+    "latent NaN": (None, lambda t: t["latent"].fill_(float("nan")), "not finite"),
+    "no context": (None, lambda t: t.pop("context.negative"), "prompt contexts are missing"),
+    "extra array": (None, lambda t: t.update({"cache.history.9": t["latent"].flatten().clone()}), "cache arrays"),
+    "history shape": (None, lambda t: t.update({"cache.history.0": t["cache.history.0"][:3]}), "stored x0"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_STATES)
+def test_damaged_states_are_refused(pipeline, state_file, tmp_path, case):
+    edit_record, edit_tensors, pattern = BAD_STATES[case]
+    path = _rewrite(state_file, tmp_path, edit_record, edit_tensors)
+    with pytest.raises(AnimaError, match=pattern):
+        pipeline.generate(dataclasses.replace(BASE, cache="spectrum"), resume=read_state(path))
+
+
+def test_truncated_and_planted_states_are_refused(state_file, tmp_path):
+    cut = tmp_path / "cut.state"
+    cut.write_bytes(state_file.read_bytes()[:-100])
+    with pytest.raises(AnimaError, match="truncated"):
+        read_state(cut)
+    marker = tmp_path / "marker"
+
+    class Plant:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    planted = tmp_path / "planted.state"
+    planted.write_bytes(pickle.dumps(Plant()))
+    with pytest.raises(AnimaError):
+        read_state(planted)
+    assert not marker.exists()
+    with pytest.raises(AnimaError, match="resume state not found"):
+        read_state(tmp_path / "nope.state")
+
+
+def test_checkpoints_every_n_steps_and_removed_when_done(pipeline, tmp_path, one_thread):
+    path = tmp_path / "x.png.state"
+    written = []
+    checkpoints = Checkpoints(path, every=4)
+    pipeline.generate(dataclasses.replace(BASE, cache="spectrum"),
+                      on_step=lambda e: written.append(read_state(path).step) if path.exists() else None,
+                      checkpoints=checkpoints)
+    # The listener sees the state of the step before (it runs first); each checkpoint is a whole, valid state.
+    assert sorted(set(written)) == [4, 8]
+    assert checkpoints.written
+    checkpoints.remove()
+    assert not path.exists()
