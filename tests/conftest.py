@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import os
+import hashlib
+import lzma
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,13 @@ import torch
 from anima_rknn.model_set import ModelFiles
 from anima_rknn.tiny_set import write_model_set
 
-SHARED = Path(os.environ.get("ANIMA_SHARED", Path(__file__).resolve().parents[1] / ".." / "shared")).resolve()
+# The real Qwen3 and T5 tokenizer.json files, xz-compressed, with the 77 verified token-id vectors
+# (tests/data/tokenizers/README.md says where they come from and how they were checked).
+TOKENIZER_DATA = Path(__file__).resolve().parent / "data" / "tokenizers"
+TOKENIZER_SHA256 = {
+    "qwen3": "d3595c7174b17f68036a137992f9b04b4c0ae49b283f27a79caf5dbb2a56b6c2",
+    "t5": "fe2ebbbbde2985be723e0ce18217853e4020c5e9d35bd07be2c27ab9d3ead57a",
+}
 
 
 @pytest.fixture(scope="session")
@@ -20,10 +27,14 @@ def tiny_set(tmp_path_factory: pytest.TempPathFactory) -> ModelFiles:
 
 
 @pytest.fixture(scope="session")
-def shared_tokenizers() -> Path:
-    folder = SHARED / "tokenizers"
-    if not (folder / "qwen3" / "tokenizer.json").is_file():
-        pytest.skip(f"real tokenizers not found in {folder} (set ANIMA_SHARED)")
+def real_tokenizers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with qwen3/tokenizer.json and t5/tokenizer.json, the real files, checked byte for byte."""
+    folder = tmp_path_factory.mktemp("tokenizers")
+    for side, digest in TOKENIZER_SHA256.items():
+        data = lzma.decompress((TOKENIZER_DATA / side / "tokenizer.json.xz").read_bytes())
+        assert hashlib.sha256(data).hexdigest() == digest, f"tests/data/tokenizers/{side} is damaged"
+        (folder / side).mkdir()
+        (folder / side / "tokenizer.json").write_bytes(data)
     return folder
 
 

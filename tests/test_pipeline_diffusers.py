@@ -131,8 +131,8 @@ def test_generation_matches_diffusers_anima_pipeline(tiny_set: ModelFiles) -> No
 
 
 @pytest.fixture(scope="module")
-def real_tokenizer_set(tmp_path_factory: pytest.TempPathFactory, shared_tokenizers: Path) -> ModelFiles:
-    return write_model_set(tmp_path_factory.mktemp("models") / "real-tok", "tiny", tokenizers=shared_tokenizers, seed=3)
+def real_tokenizer_set(tmp_path_factory: pytest.TempPathFactory, real_tokenizers: Path) -> ModelFiles:
+    return write_model_set(tmp_path_factory.mktemp("models") / "real-tok", "tiny", tokenizers=real_tokenizers, seed=3)
 
 
 def test_text_stage_with_real_tokenizers_matches_diffusers(real_tokenizer_set: ModelFiles) -> None:

@@ -20,9 +20,9 @@ def test_make_tiny_writes_the_layout(run_cli, tmp_path):
     assert again.code == 1 and "--overwrite" in again.err
 
 
-def test_make_tiny_with_the_real_tokenizers(run_cli, tmp_path, shared_tokenizers):
+def test_make_tiny_with_the_real_tokenizers(run_cli, tmp_path, real_tokenizers):
     out = tmp_path / "real-tok"
-    assert run_cli("make-tiny", "--out", out, "--tokenizers", shared_tokenizers).code == 0
+    assert run_cli("make-tiny", "--out", out, "--tokenizers", real_tokenizers).code == 0
     shapes = read_shapes(from_model_dir(out).text_encoder, "text encoder")
     assert shapes["model.embed_tokens.weight"][0] == 151669  # the real Qwen vocabulary
     result = run_cli("generate", "--model", out, "-p", "1girl, (smile:1.2)", "-W", "64", "-H", "64",

@@ -1,7 +1,6 @@
 """Tokenisation against the real tokenizers' recorded ids, and the small word-level tokenizers."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -10,29 +9,22 @@ from transformers import PreTrainedTokenizerFast
 from anima_rknn.errors import AnimaError
 from anima_rknn.text.tokenizers import PromptTokenizer, build_word_tokenizers
 
-SHARED = Path(os.environ.get("ANIMA_SHARED", Path(__file__).resolve().parents[2] / ".." / "shared"))
-TOKENIZERS = SHARED / "tokenizers"
-needs_real = pytest.mark.skipif(
-    not (TOKENIZERS / "test_vectors.json").is_file(),
-    reason=f"real tokenizers not found at {TOKENIZERS} (set ANIMA_SHARED to the shared folder)",
-)
-CASES = json.loads((TOKENIZERS / "test_vectors.json").read_text("utf-8"))["cases"] if TOKENIZERS.is_dir() else []
+TOKENIZER_DATA = Path(__file__).resolve().parents[1] / "data" / "tokenizers"
+CASES = json.loads((TOKENIZER_DATA / "test_vectors.json").read_text("utf-8"))["cases"]
 CASE_IDS = [f"{i}-{case['category']}" for i, case in enumerate(CASES)]
 PLAIN_CASES = [case for case in CASES if not set("()\\") & set(case["text"])]
 PLAIN_IDS = [f"{CASES.index(case)}-{case['category']}" for case in PLAIN_CASES]
 
 
 @pytest.fixture(scope="module")
-def real() -> PromptTokenizer:
-    return PromptTokenizer.from_dirs(TOKENIZERS / "qwen3", TOKENIZERS / "t5")
+def real(real_tokenizers: Path) -> PromptTokenizer:
+    return PromptTokenizer.from_dirs(real_tokenizers / "qwen3", real_tokenizers / "t5")
 
 
-@needs_real
 def test_vectors_present() -> None:
     assert len(CASES) == 77 and len(PLAIN_CASES) > 50
 
 
-@needs_real
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_chunk_path_matches_recorded_ids(real: PromptTokenizer, case: dict) -> None:
     # The exact calls encode() makes per chunk, applied to the whole text.
@@ -40,7 +32,6 @@ def test_chunk_path_matches_recorded_ids(real: PromptTokenizer, case: dict) -> N
     assert real.t5.encode(case["text"], add_special_tokens=False).ids + [real.t5_eos_id] == case["t5_hf"]
 
 
-@needs_real
 @pytest.mark.parametrize("case", PLAIN_CASES, ids=PLAIN_IDS)
 def test_encode_matches_recorded_ids(real: PromptTokenizer, case: dict) -> None:
     tokens = real.encode(case["text"])
@@ -49,13 +40,11 @@ def test_encode_matches_recorded_ids(real: PromptTokenizer, case: dict) -> None:
     assert tokens.t5_weights == [1.0] * len(case["t5_hf"])
 
 
-@needs_real
 def test_empty_prompt(real: PromptTokenizer) -> None:
     tokens = real.encode("")
     assert (tokens.qwen_ids, tokens.t5_ids, tokens.t5_weights) == ([151643], [1], [1.0])
 
 
-@needs_real
 def test_weighted_chunk_carries_its_weight(real: PromptTokenizer) -> None:
     tokens = real.encode("a (red:1.5) cat")
     # Chunks "a ", "red", " cat" are tokenised separately: T5 "a " = '▁','a','▁' (ids 3, 9, 3 as in the
@@ -66,7 +55,6 @@ def test_weighted_chunk_carries_its_weight(real: PromptTokenizer) -> None:
     assert tokens.qwen_ids == [qwen("a"), qwen("Ġ"), qwen("red"), qwen("Ġcat")]
 
 
-@needs_real
 def test_nested_and_escaped_weights(real: PromptTokenizer) -> None:
     tokens = real.encode("((cat)) \\(dog\\)")
     cat = real.t5.token_to_id("▁cat")
