@@ -4,7 +4,8 @@
 2. An existing file is replaced only when the caller says so (`overwrite`), and that is checked at the
    moment of publishing, not only at the start: a file that appears during a 25-minute run stays, and of two
    runs racing to one path without `overwrite` exactly one succeeds.
-3. Temporaries never outlive an exception, Ctrl-C or SIGTERM (the CLI turns SIGTERM into an exception).
+3. Temporaries never outlive an exception, Ctrl-C or SIGTERM (the CLI turns SIGTERM into an exception), and a
+   published file is flushed to the disk first, so a power cut leaves the old file or the new one, whole.
 4. Names are checked before any work starts: suffix, length (with the temporary's longer name), folder.
 """
 
@@ -16,6 +17,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -124,12 +126,40 @@ def atomic_path(path: str | os.PathLike, *, overwrite: bool) -> Iterator[Path]:
         os.close(fd)
         yield tmp
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
+        _sync(tmp)
         _publish(tmp, target, overwrite)
+        _sync(folder)
     except OSError as e:
         raise AnimaError(f"cannot write {target}: {e.strerror or e}") from None
     finally:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
+
+
+def link_or_copy(source: str | os.PathLike, target: str | os.PathLike, *, overwrite: bool) -> None:
+    """`target` with `source`'s bytes: a hard link where the file system allows (no second copy of a large
+    file), else a copy; published whole, under atomic_path's rules."""
+    with atomic_path(target, overwrite=overwrite) as tmp:
+        tmp.unlink()
+        try:
+            os.link(source, tmp)
+        except OSError as e:
+            if e.errno not in _NO_HARD_LINKS:
+                raise
+            shutil.copyfile(source, tmp)
+
+
+def _sync(path: Path) -> None:
+    """Flush a file (or a folder's entries) to the disk: a published file, or a checkpoint, must survive a power
+    cut whole, not as the empty file a rename of unflushed data can leave."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):  # file systems that cannot sync
+            raise
+    finally:
+        os.close(fd)
 
 
 def is_temporary(path: Path) -> bool:
