@@ -225,17 +225,22 @@ def _wait_for_denoising(process: subprocess.Popen, log: Path, timeout: float = 1
     time.sleep(1.0)  # into the loop
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_a_signal_mid_run_stops_after_the_step_and_leaves_only_its_state(model_dir, out_dir, tmp_path, signum):
-    before = snapshot(out_dir)
-    log = tmp_path / "log.txt"
+def _signalled_run(model_dir, out_dir, log, *signums) -> int:
+    """A long generation into out_dir/x.png, sent `signums` once denoising runs; its exit code."""
     with open(log, "wb") as stderr:
         process = subprocess.Popen(_command("generate", "--model", str(model_dir), "-p", "cat", "-W", "64", "-H", "64",
                                             "--steps", "1000", "-o", str(out_dir / "x.png")), stderr=stderr)
         _wait_for_denoising(process, log)
-        process.send_signal(signum)
-        code = process.wait(timeout=120)
-    text = log.read_text()
+        for signum in signums:
+            process.send_signal(signum)
+        return process.wait(timeout=120)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_signal_mid_run_stops_after_the_step_and_leaves_only_its_state(model_dir, out_dir, tmp_path, signum):
+    before = snapshot(out_dir)
+    code = _signalled_run(model_dir, out_dir, tmp_path / "log.txt", signum)
+    text = (tmp_path / "log.txt").read_text()
     assert code == 128 + signum, text
     assert "Traceback" not in text
     assert f"resume with: anima-rknn generate --resume {out_dir / 'x.png.state'}" in text.splitlines()[-1]
@@ -244,15 +249,8 @@ def test_a_signal_mid_run_stops_after_the_step_and_leaves_only_its_state(model_d
 
 def test_a_second_signal_aborts_at_once_and_leaves_nothing(model_dir, out_dir, tmp_path):
     before = snapshot(out_dir)
-    log = tmp_path / "log.txt"
-    with open(log, "wb") as stderr:
-        process = subprocess.Popen(_command("generate", "--model", str(model_dir), "-p", "cat", "-W", "64", "-H", "64",
-                                            "--steps", "1000", "-o", str(out_dir / "x.png")), stderr=stderr)
-        _wait_for_denoising(process, log)
-        process.send_signal(signal.SIGINT)
-        process.send_signal(signal.SIGINT)
-        code = process.wait(timeout=120)
-    text = log.read_text()
+    code = _signalled_run(model_dir, out_dir, tmp_path / "log.txt", signal.SIGINT, signal.SIGINT)
+    text = (tmp_path / "log.txt").read_text()
     assert code == 130 and "Traceback" not in text, text
     assert snapshot(out_dir).keys() <= {*before, "x.png.state"}  # at most a state written whole before
     assert not any(name.endswith(".part") for name in os.listdir(out_dir))
