@@ -34,11 +34,12 @@ VERIFY_PROMPT = "1girl, long hair, smile, looking at viewer, flowers, blue sky"
               help="ONNX subgraph folder written by export-onnx.")
 @click.option("--target", default="rk3588", show_default=True, help="NPU platform to compile for.")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder for the .rknn files and their manifest (run again to resume).")
-def convert_rknn(subgraphs: Path, target: str, out: Path) -> None:
+              help="Folder for the .rknn files, their ONNX sources and manifest (run again to resume).")
+@click.option("--overwrite", is_flag=True, help="Replace what is already in --out.")
+def convert_rknn(subgraphs: Path, target: str, out: Path, overwrite: bool) -> None:
     """Compile every ONNX subgraph to fp16 .rknn (needs rknn-toolkit2: scripts/setup-rknn-env.sh)."""
-    manifest_path = convert_subgraphs(subgraphs, out, target=target, progress=True)
-    manifest = json.loads(manifest_path.read_text())
+    manifest = read_manifest(convert_subgraphs(subgraphs, out, target=target, progress=True,
+                                               overwrite=overwrite).parent)
     click.echo(f"converted {len(manifest['subgraphs'])} subgraphs for {target} into {out} "
                f"(rknn-toolkit2 {manifest['rknn']['toolkit_version']})")
 

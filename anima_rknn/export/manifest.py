@@ -1,6 +1,9 @@
 """The `manifest.json` of a subgraph set, shared by the ONNX export and the RKNN conversion.
 
-A set is made for one resolution and one DiT file; these checks refuse to use it for anything else.
+A set is made for one resolution and one DiT file; these checks refuse to use it for anything else. The
+manifest is checked whole, like user input, before any file it names is opened: every field the code uses has
+its type and a bounded range, and every file it names is a plain name inside the set's own folder (no paths,
+no links leading out), so a crafted set can neither make the program read elsewhere nor allocate much.
 """
 
 from __future__ import annotations
@@ -8,14 +11,345 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ..errors import AnimaError
-from ..files import sha256_file
+from ..files import is_temporary, output_folder, sha256_file
 
 SUBGRAPHS_FORMAT = "anima-rknn-subgraphs/1"
 MANIFEST = "manifest.json"
+SUBGRAPH_DTYPES = ("float32", "float16")
+MAX_SIDE = 8192  # pixels
+MAX_CONTEXT_TOKENS = 65536
+MODEL_LIMITS = {"blocks": 1024, "hidden": 65536, "heads": 1024, "head_dim": 4096, "context_dim": 65536}
+MAX_BYTES = 1 << 50  # file and compiler memory sizes; far beyond any NPU, small enough for float arithmetic
+MAX_SECONDS = 1e7
+MAX_JSON_BYTES = 1 << 20  # a full set's manifest is about 100 KB
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_TOKEN = re.compile(r"[0-9A-Za-z._+-]{1,40}")  # target platform, toolkit version
+_SUBGRAPH_FILE = re.compile(r"b\d\d_(self_attn|cross_attn|mlp)\.(onnx|rknn)")
+
+
+@dataclass(frozen=True)
+class Field:
+    """A place in a JSON state file, for one-line errors: 'rknn-512/manifest.json: subgraphs[3].file: ...'."""
+
+    file: str
+    path: str = ""
+
+    def __getitem__(self, key: str | int) -> Field:
+        if isinstance(key, int):
+            step = f"[{key}]"
+        elif key.isidentifier():
+            step = f".{key}" if self.path else key
+        else:
+            step = f"[{_show(key)}]"
+        return Field(self.file, self.path + step)
+
+    def fail(self, problem: str) -> NoReturn:
+        raise AnimaError(f"{self.file}: {self.path}: {problem}" if self.path else f"{self.file}: {problem}")
+
+
+def _show(value: Any) -> str:
+    """A short one-line picture of a JSON value for an error message."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        if len(value) > 8 or any(isinstance(item, (list, dict)) for item in value):
+            return "a list"
+        return "[" + ", ".join(map(_show, value)) + "]"
+    text = json.dumps(value) if value is None or isinstance(value, bool) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _field(obj: dict[str, Any], at: Field, key: str, check: Callable[..., Any], *args: Any) -> Any:
+    if key not in obj:
+        at[key].fail("missing")
+    return check(obj[key], at[key], *args)
+
+
+def _object(value: Any, at: Field) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        at.fail(f"expected an object, got {_show(value)}")
+    return value
+
+
+def _list(value: Any, at: Field, length: int) -> list[Any]:
+    if not isinstance(value, list):
+        at.fail(f"expected a list, got {_show(value)}")
+    if len(value) != length:
+        at.fail(f"expected {length} entries, got {len(value)}")
+    return value
+
+
+def _int(value: Any, at: Field, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        at.fail(f"expected a whole number from {low} to {high}, got {_show(value)}")
+    return value
+
+
+def _number(value: Any, at: Field, low: float, high: float) -> float:
+    # the comparison also refuses NaN and infinities, and huge integers without converting them to float
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        at.fail(f"expected a number from {low} to {high}, got {_show(value)}")
+    return value
+
+
+def _same(value: Any, expected: Any) -> bool:
+    """Equal and of the same JSON type (True is not 1 here)."""
+    if isinstance(expected, list):
+        return isinstance(value, list) and len(value) == len(expected) and all(map(_same, value, expected))
+    return type(value) is type(expected) and value == expected
+
+
+def _equal(value: Any, at: Field, expected: Any) -> Any:
+    if not _same(value, expected):
+        at.fail(f"expected {_show(expected)}, got {_show(value)}")
+    return value
+
+
+def _choice(value: Any, at: Field, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        at.fail(f"expected one of {', '.join(choices)}, got {_show(value)}")
+    return value
+
+
+def _sha256(value: Any, at: Field) -> str:
+    if not isinstance(value, str) or not _SHA256.fullmatch(value):
+        at.fail(f"expected a sha256 (64 lowercase hex digits), got {_show(value)}")
+    return value
+
+
+def _token(value: Any, at: Field) -> str:
+    if not isinstance(value, str) or not _TOKEN.fullmatch(value):
+        at.fail(f"expected a short name of letters, digits and ._+-, got {_show(value)}")
+    return value
+
+
+def _side(value: Any, at: Field) -> int:
+    if _int(value, at, 16, MAX_SIDE) % 16:
+        at.fail(f"expected a multiple of 16, got {value}")
+    return value
+
+
+def _name_problem(name: str, suffix: str | None) -> str | None:
+    if not name:
+        return "is empty"
+    if "\0" in name:
+        return "contains a NUL character"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "contains a control character"
+    if name.startswith(("/", "\\")):
+        return "is an absolute path"
+    if "/" in name or "\\" in name:
+        return "contains a path separator"
+    if name == "..":
+        return "is '..'"
+    if name.startswith("."):
+        return "starts with '.'"
+    try:
+        if len(os.fsencode(name)) > 200:
+            return "is too long"
+    except UnicodeError:
+        return "is not valid text for a file name"
+    if suffix is not None and not name.endswith(suffix):
+        return f"does not end in {suffix}"
+    return None
+
+
+def plain_name(value: Any, at: Field, suffix: str | None = None) -> str:
+    """A file name as a set may name its files: one name in its own folder, nothing that could lead elsewhere."""
+    if not isinstance(value, str):
+        at.fail(f"expected a file name, got {_show(value)}")
+    problem = _name_problem(value, suffix)
+    if problem is not None:
+        at.fail(f"{_show(value)} is not a plain file name: it {problem}")
+    return value
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def set_file(folder: Path, name: str, at: Field) -> Path:
+    """`folder/name` (a plain name), refused when it is a link leading out of `folder`.
+
+    The link is followed with lstat and readlink only: the outside target is never opened, and the message is
+    the same whether it exists or not. (os.path's checks answer False where the file system refuses a look.)
+    """
+    path = folder / name
+    if os.path.islink(path) and not _within(os.path.realpath(path), os.path.realpath(folder)):
+        at.fail(f"{_show(name)} is a link leading out of {folder}")
+    return path
+
+
+def read_json(path: Path, at: Field) -> Any:
+    """A small JSON state file; anything else (not a regular file, too large, not UTF-8, not JSON, nested too
+    deep) is one line naming it."""
+    if not os.path.isfile(path):
+        at.fail("not a regular file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_JSON_BYTES + 1)
+    except OSError as e:
+        at.fail(f"cannot read it: {e.strerror or e}")
+    if len(data) > MAX_JSON_BYTES:
+        at.fail(f"larger than {MAX_JSON_BYTES >> 20} MiB: not a state file of anima-rknn")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # RecursionError: nested too deep for the parser
+        at.fail(f"not valid JSON: {e}")
+
+
+def input_shapes(kind: str, *, tokens: int, hidden: int, head_dim: int, context_tokens: int,
+                 context_dim: int) -> dict[str, list[int]]:
+    """The named inputs of one body; RoPE tables are 4-D so they broadcast over heads without a Transpose."""
+    x = [1, tokens, hidden]
+    if kind == "self_attn":
+        rope = [1, 1, tokens, head_dim]
+        return {"x": x, "rope_cos": rope, "rope_sin": rope}
+    if kind == "cross_attn":
+        return {"x": x, "context": [1, context_tokens, context_dim]}
+    return {"x": x}
+
+
+def rknn_name(onnx_name: str) -> str:
+    return Path(onnx_name).with_suffix(".rknn").name
+
+
+def _tensors(value: Any, at: Field, shapes: Mapping[str, list[int]], dtype: str) -> list[Any]:
+    specs = _list(value, at, len(shapes))
+    for i, (spec, (name, shape)) in enumerate(zip(specs, shapes.items())):
+        spec = _object(spec, at[i])
+        _field(spec, at[i], "name", _equal, name)
+        _field(spec, at[i], "shape", _equal, shape)
+        _field(spec, at[i], "dtype", _equal, dtype)
+    return specs
+
+
+def _check_subgraph(value: Any, at: Field, index: int, dims: Mapping[str, int], dtype: str) -> None:
+    from ..engine.backends.base import SUBGRAPH_KINDS  # here: engine.backends imports this module
+
+    entry = _object(value, at)
+    kind = SUBGRAPH_KINDS[index % 3]
+    _field(entry, at, "index", _equal, index)
+    _field(entry, at, "block", _equal, index // 3)
+    _field(entry, at, "kind", _equal, kind)
+    _field(entry, at, "file", plain_name, ".onnx")
+    _field(entry, at, "sha256", _sha256)
+    _field(entry, at, "inputs", _tensors, input_shapes(kind, **dims), dtype)
+    _field(entry, at, "outputs", _tensors, {"y": [1, dims["tokens"], dims["hidden"]]}, dtype)
+
+
+def check_record(value: Any, at: Field, name: str, index: int | None = None) -> dict[str, Any]:
+    """One converted file's record, in the manifest (with its `index`) or the conversion's progress file."""
+    record = _object(value, at)
+    if index is not None:
+        _field(record, at, "index", _equal, index)
+    _field(record, at, "rknn_file", plain_name, ".rknn")
+    _field(record, at, "rknn_file", _equal, name)
+    _field(record, at, "rknn_sha256", _sha256)
+    _field(record, at, "rknn_bytes", _int, 0, MAX_BYTES)
+    _field(record, at, "convert_s", _number, 0, MAX_SECONDS)
+    for key in ("internal_bytes", "weight_bytes"):  # the compiler's figures, when its log had them
+        if key in record:
+            _field(record, at, key, _int, 0, MAX_BYTES)
+    return record
+
+
+def _check_conversion(value: Any, at: Field, entries: list[dict[str, Any]]) -> None:
+    conversion = _object(value, at)
+    _field(conversion, at, "source_sha256", _sha256)
+    _field(conversion, at, "target", _token)
+    _field(conversion, at, "toolkit_version", _token)
+    records = _field(conversion, at, "subgraphs", _list, len(entries))
+    for index, (record, entry) in enumerate(zip(records, entries)):
+        check_record(record, at["subgraphs"][index], rknn_name(entry["file"]), index)
+
+
+def check_manifest(value: Any, at: Field) -> dict[str, Any]:
+    """`value` if it is a whole, consistent subgraph-set manifest; otherwise one line naming the first problem."""
+    manifest = _object(value, at)
+    if not _same(manifest.get("format"), SUBGRAPHS_FORMAT):
+        at.fail(f"not an {SUBGRAPHS_FORMAT} manifest")
+    model = _field(manifest, at, "model", _object)
+    _field(model, at["model"], "file", plain_name)
+    _field(model, at["model"], "sha256", _sha256)
+    sizes = {key: _field(model, at["model"], key, _int, 1, limit) for key, limit in MODEL_LIMITS.items()}
+    width, height = (_field(manifest, at, key, _side) for key in ("width", "height"))
+    dims = {
+        "tokens": _field(manifest, at, "tokens", _equal, (width // 16) * (height // 16)),
+        "context_tokens": _field(manifest, at, "context_tokens", _int, 1, MAX_CONTEXT_TOKENS),
+        "hidden": sizes["hidden"], "head_dim": sizes["head_dim"], "context_dim": sizes["context_dim"],
+    }
+    dtype = _field(manifest, at, "dtype", _choice, SUBGRAPH_DTYPES)
+    entries = _field(manifest, at, "subgraphs", _list, 3 * sizes["blocks"])
+    for index, entry in enumerate(entries):
+        _check_subgraph(entry, at["subgraphs"][index], index, dims, dtype)
+    if len({entry["file"] for entry in entries}) != len(entries):
+        at["subgraphs"].fail("two entries name the same file")
+    if "rknn" in manifest:
+        _check_conversion(manifest["rknn"], at["rknn"], entries)
+    return manifest
+
+
+def read_manifest(subgraph_dir: str | os.PathLike) -> dict[str, Any]:
+    """The set's manifest, checked whole (see check_manifest), its files all inside `subgraph_dir`."""
+    folder = Path(subgraph_dir)
+    at = Field(str(folder / MANIFEST))
+    path = set_file(folder, MANIFEST, at)
+    if not os.path.lexists(path):
+        raise AnimaError(f"{folder} holds no {MANIFEST}: export a subgraph set with "
+                         "`anima-rknn export-onnx` first")
+    manifest = check_manifest(read_json(path, at), at)
+    for index, entry in enumerate(manifest["subgraphs"]):
+        set_file(folder, entry["file"], at["subgraphs"][index]["file"])
+    for index, record in enumerate(manifest.get("rknn", {}).get("subgraphs", [])):
+        set_file(folder, record["rknn_file"], at["rknn"]["subgraphs"][index]["rknn_file"])
+    return manifest
+
+
+def read_progress(path: Path, identity: Mapping[str, str],
+                  rknn_names: Iterable[str]) -> dict[str, dict[str, Any]] | None:
+    """The files an interrupted conversion finished, from its progress file, checked like a manifest: none
+    when there is no such file, None when it is the progress of another source, target or toolkit."""
+    at = Field(str(path))
+    set_file(path.parent, path.name, at)
+    if not os.path.lexists(path):
+        return {}
+    progress = _object(read_json(path, at), at)
+    if any(not _same(progress.get(key), value) for key, value in identity.items()):
+        return None
+    done = _field(progress, at, "done", _object)
+    names = set(rknn_names)
+    for name, record in done.items():
+        if name not in names:
+            at["done"][name].fail("not a file of this set")
+        check_record(record, at["done"][name], name)
+    return done
+
+
+def open_set_folder(folder: Path, *, overwrite: bool, names: Iterable[str], resumable: str | None = None) -> Path:
+    """The output folder of a set, refused when it holds anything (a set or other files) unless `overwrite`,
+    or `resumable`, the marker of this command's own interrupted work."""
+    holds = "a subgraph set" if os.path.lexists(folder / MANIFEST) else "other files"
+    return output_folder(folder, overwrite=overwrite, holds=holds, resumable=resumable, names=[*names, MANIFEST])
+
+
+def clear_set_folder(folder: Path, keep: Iterable[str]) -> None:
+    """Before writing a set: its manifest first (a half-replaced folder must never look like a complete set),
+    then subgraph files of an earlier, different set, and temporaries a killed run left."""
+    ours = {*keep, MANIFEST}
+    (folder / MANIFEST).unlink(missing_ok=True)
+    for path in folder.iterdir():
+        stale = _SUBGRAPH_FILE.fullmatch(path.name) and path.name not in ours
+        temporary = is_temporary(path) and any(path.name.startswith(f".{name}.") for name in ours)
+        if (stale or temporary) and not path.is_dir():
+            path.unlink()
 
 
 @functools.lru_cache(maxsize=256)
@@ -28,20 +362,6 @@ def cached_sha256(path: str | os.PathLike) -> str:
     path = Path(path)
     stat = path.stat()
     return _sha256_of_version(path.resolve(), stat.st_size, stat.st_mtime_ns)
-
-
-def read_manifest(subgraph_dir: str | os.PathLike) -> dict[str, Any]:
-    path = Path(subgraph_dir) / MANIFEST
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AnimaError(f"{subgraph_dir} holds no {MANIFEST}: export a subgraph set with "
-                         "`anima-rknn export-onnx` first") from None
-    except (OSError, ValueError) as e:
-        raise AnimaError(f"cannot read {path}: {e}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != SUBGRAPHS_FORMAT:
-        raise AnimaError(f"{path} is not an {SUBGRAPHS_FORMAT} manifest")
-    return manifest
 
 
 def check_set(manifest: dict[str, Any], subgraph_dir: str | os.PathLike, *, dit_path: str | os.PathLike | None,
@@ -62,7 +382,14 @@ def check_set(manifest: dict[str, Any], subgraph_dir: str | os.PathLike, *, dit_
 
 
 def check_file(path: Path, expected_sha256: str) -> None:
-    if not path.is_file():
+    if not os.path.exists(path):
         raise AnimaError(f"subgraph file {path} is missing")
-    if cached_sha256(path) != expected_sha256:
-        raise AnimaError(f"subgraph file {path} is corrupt (sha256 differs from the manifest): export or convert it again")
+    if not os.path.isfile(path):
+        raise AnimaError(f"subgraph file {path} is not a regular file")
+    try:
+        digest = cached_sha256(path)
+    except OSError as e:
+        raise AnimaError(f"cannot read subgraph file {path}: {e.strerror or e}") from None
+    if digest != expected_sha256:
+        raise AnimaError(f"subgraph file {path} is corrupt (sha256 differs from the manifest): "
+                         "export or convert it again")

@@ -10,8 +10,6 @@ Transpose, Slice/Concat (RoPE's half rotation), ReduceMean and element-wise ops,
 from __future__ import annotations
 
 import io
-import json
-import re
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,10 +19,21 @@ from tqdm import tqdm
 
 from ..engine.backends.base import SUBGRAPH_KINDS, subgraph_name
 from ..errors import AnimaError
-from ..files import atomic_path, output_folder, sha256_file
+from ..files import atomic_path, sha256_file, write_json
 from ..model.config import DiTConfig
 from ..model.io import load_dit
-from .manifest import MANIFEST, SUBGRAPHS_FORMAT, cached_sha256, check_file, check_set, read_manifest
+from .manifest import (
+    MANIFEST,
+    MAX_SIDE,
+    SUBGRAPHS_FORMAT,
+    cached_sha256,
+    check_file,
+    check_set,
+    clear_set_folder,
+    input_shapes,
+    open_set_folder,
+    read_manifest,
+)
 
 if TYPE_CHECKING:
     import onnx
@@ -34,25 +43,18 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16}
 # Ops the RKNN converter lacks (rknn.md); the exporter must never emit them.
 RKNN_UNSUPPORTED_OPS = frozenset({"Einsum", "Range", "CumSum", "Trilu", "GatherND", "GroupNormalization"})
 ONNX_MISSING = "ONNX export needs onnx and onnxscript: pip install 'anima-rknn[onnx]'"
-_SUBGRAPH_FILE = re.compile(r"b\d\d_(self_attn|cross_attn|mlp)\.onnx")
 
 
 def token_count(width: int, height: int) -> int:
     """Image size -> DiT tokens: 8x VAE compression, then 2x2 patches."""
-    if width <= 0 or height <= 0 or width % 16 or height % 16:
-        raise AnimaError(f"width and height must be positive multiples of 16, got {width}x{height}")
+    if not (0 < width <= MAX_SIDE and 0 < height <= MAX_SIDE) or width % 16 or height % 16:
+        raise AnimaError(f"width and height must be positive multiples of 16 up to {MAX_SIDE}, got {width}x{height}")
     return (width // 16) * (height // 16)
 
 
-def input_shapes(kind: str, config: DiTConfig, tokens: int) -> dict[str, list[int]]:
-    """The named inputs of one body; RoPE tables are 4-D so they broadcast over heads without a Transpose."""
-    x = [1, tokens, config.hidden]
-    if kind == "self_attn":
-        rope = [1, 1, tokens, config.head_dim]
-        return {"x": x, "rope_cos": rope, "rope_sin": rope}
-    if kind == "cross_attn":
-        return {"x": x, "context": [1, config.context_tokens, config.context_dim]}
-    return {"x": x}
+def config_shapes(kind: str, config: DiTConfig, tokens: int) -> dict[str, list[int]]:
+    return input_shapes(kind, tokens=tokens, hidden=config.hidden, head_dim=config.head_dim,
+                        context_tokens=config.context_tokens, context_dim=config.context_dim)
 
 
 def _export_graph(module: torch.nn.Module, shapes: dict[str, list[int]], dtype: torch.dtype) -> onnx.ModelProto:
@@ -76,16 +78,6 @@ def _export_graph(module: torch.nn.Module, shapes: dict[str, list[int]], dtype: 
     return graph
 
 
-def _prepare_out_dir(out_dir: Path, overwrite: bool) -> None:
-    holds = "a subgraph set" if (out_dir / MANIFEST).exists() else "other files"
-    output_folder(out_dir, overwrite=overwrite, holds=holds)
-    # Manifest first: a half-replaced folder must never look like a complete set.
-    (out_dir / MANIFEST).unlink(missing_ok=True)
-    for stale in out_dir.iterdir():
-        if _SUBGRAPH_FILE.fullmatch(stale.name):
-            stale.unlink()
-
-
 def export_subgraphs(dit_path: Path, width: int, height: int, out_dir: Path, dtype: str = "float32",
                      progress: bool = True, overwrite: bool = False) -> Path:
     """Write out_dir/bNN_{self_attn,cross_attn,mlp}.onnx for one resolution, then manifest.json; return its path."""
@@ -96,14 +88,16 @@ def export_subgraphs(dit_path: Path, width: int, height: int, out_dir: Path, dty
     if not dit_path.is_file():
         raise AnimaError(f"DiT file not found: {dit_path}")
     dit = load_dit(dit_path, DTYPES[dtype])  # before touching out_dir: a bad DiT file leaves it as it was
-    _prepare_out_dir(out_dir, overwrite)
     config = dit.config
+    names = [f"{subgraph_name(index)}.onnx" for index in range(3 * config.blocks)]
+    open_set_folder(out_dir, overwrite=overwrite, names=names)
+    clear_set_folder(out_dir, keep=names)
     entries = []
     for index in tqdm(range(3 * config.blocks), desc="export-onnx", unit="subgraph", disable=not progress):
         kind = SUBGRAPH_KINDS[index % 3]
-        shapes = input_shapes(kind, config, tokens)
+        shapes = config_shapes(kind, config, tokens)
         graph = _export_graph(getattr(dit.blocks[index // 3], kind), shapes, DTYPES[dtype])
-        path = out_dir / f"{subgraph_name(index)}.onnx"
+        path = out_dir / names[index]
         with atomic_path(path, overwrite=True) as tmp:
             tmp.write_bytes(graph.SerializeToString())
             digest = sha256_file(tmp)
@@ -121,19 +115,16 @@ def export_subgraphs(dit_path: Path, width: int, height: int, out_dir: Path, dty
         "dtype": dtype, "opset": OPSET, "subgraphs": entries,
     }
     manifest_path = out_dir / MANIFEST
-    with atomic_path(manifest_path, overwrite=True) as tmp:
-        tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    write_json(manifest_path, manifest, overwrite=True)
     return manifest_path
 
 
 def load_manifest(subgraph_dir: Path, *, dit_path: Path | None, width: int, height: int) -> dict[str, Any]:
-    """The set's manifest, after checking it fits: resolution, DiT file (sha256, skipped when dit_path is
-    None) and every subgraph file's sha256."""
+    """The set's manifest (checked whole by read_manifest), after checking it fits: resolution, DiT file
+    (sha256, skipped when dit_path is None) and every subgraph file's sha256."""
     subgraph_dir = Path(subgraph_dir)
     manifest = read_manifest(subgraph_dir)
     check_set(manifest, subgraph_dir, dit_path=dit_path, width=width, height=height)
-    if [entry["index"] for entry in manifest["subgraphs"]] != list(range(3 * manifest["model"]["blocks"])):
-        raise AnimaError(f"{subgraph_dir / MANIFEST} does not list 3 subgraphs per block in order")
     for entry in manifest["subgraphs"]:
         check_file(subgraph_dir / entry["file"], entry["sha256"])
     return manifest

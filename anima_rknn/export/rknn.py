@@ -2,13 +2,14 @@
 
 Runs only where rknn-toolkit2 is installed (its own venv, see scripts/setup-rknn-env.sh). Conversion is
 resumable: each finished file is recorded in a progress file, so an interrupted run redoes only what is
-missing, and a .rknn only ever appears under its final name complete.
+missing, and a .rknn only ever appears under its final name complete. Each ONNX source is placed beside its
+.rknn (a hard link where the file system allows), so the converted set is self-contained: the x86 simulator
+rebuilds its contexts from those, and the board needs only the .rknn files.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import sys
@@ -23,8 +24,18 @@ from typing import Any, BinaryIO
 from tqdm import tqdm
 
 from ..errors import AnimaError
-from ..files import atomic_path, sha256_file
-from .manifest import MANIFEST, check_file, check_set, read_manifest
+from ..files import atomic_path, link_or_copy, sha256_file, write_json
+from .manifest import (
+    MANIFEST,
+    cached_sha256,
+    check_file,
+    check_set,
+    clear_set_folder,
+    open_set_folder,
+    read_manifest,
+    read_progress,
+    rknn_name,
+)
 
 PROGRESS_FILE = "convert-progress.json"
 TOOLKIT_MISSING = (
@@ -152,20 +163,9 @@ def convert_one(onnx_path: Path, rknn_path: Path, target: str) -> dict[str, Any]
     }
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    with atomic_path(path, overwrite=True) as tmp:
-        tmp.write_text(json.dumps(data, indent=1))
-
-
-def load_progress(path: Path, identity: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """Finished files from an earlier run of the same source, target and toolkit; otherwise none."""
-    try:
-        progress = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    if any(progress.get(key) != value for key, value in identity.items()):
-        return {}
-    return progress.get("done", {})
+def _is_own_copy(path: Path, expected_sha256: str) -> bool:
+    """A file this conversion wrote and that is still intact; links are never ours, so they are replaced."""
+    return path.is_file() and not path.is_symlink() and cached_sha256(path) == expected_sha256
 
 
 def convert_subgraphs(
@@ -173,8 +173,14 @@ def convert_subgraphs(
     out_dir: str | os.PathLike,
     target: str = "rk3588",
     progress: bool = True,
+    overwrite: bool = False,
 ) -> Path:
-    """Convert every subgraph in `subgraph_dir` to `out_dir`/*.rknn; return `out_dir`/manifest.json."""
+    """Convert every subgraph in `subgraph_dir` to `out_dir`/*.rknn, each beside a copy of its ONNX source;
+    return `out_dir`/manifest.json.
+
+    `out_dir` must be new or empty, or hold this command's own interrupted work (its progress file, for the
+    same source, target and toolkit), unless `overwrite`.
+    """
     _, toolkit_version = toolkit()
     source_dir, out_dir = Path(subgraph_dir).resolve(), Path(out_dir).resolve()  # builds run elsewhere
     if out_dir == source_dir:
@@ -182,7 +188,10 @@ def convert_subgraphs(
     source = read_manifest(source_dir)
     for entry in source["subgraphs"]:
         check_file(source_dir / entry["file"], entry["sha256"])
-    out_dir.mkdir(parents=True, exist_ok=True)
+    onnx_names = [entry["file"] for entry in source["subgraphs"]]
+    rknn_names = [rknn_name(name) for name in onnx_names]
+    open_set_folder(out_dir, overwrite=overwrite, names=[*onnx_names, *rknn_names, PROGRESS_FILE],
+                    resumable=PROGRESS_FILE)
 
     identity = {
         "source_sha256": sha256_file(source_dir / MANIFEST),
@@ -190,23 +199,24 @@ def convert_subgraphs(
         "toolkit_version": toolkit_version,
     }
     progress_path = out_dir / PROGRESS_FILE
-    done = load_progress(progress_path, identity)
+    done = read_progress(progress_path, identity, rknn_names)  # checked before anything in out_dir changes
+    if done is None and not overwrite:
+        raise AnimaError(f"{out_dir} holds the conversion of another set, target or toolkit version; "
+                         "pass --overwrite to replace it")
+    done = done or {}
+    clear_set_folder(out_dir, keep=[*onnx_names, *rknn_names, PROGRESS_FILE])
     records = []
     for entry in tqdm(source["subgraphs"], desc="rknn convert", unit="subgraph", disable=not progress):
-        rknn_path = out_dir / Path(entry["file"]).with_suffix(".rknn").name
-        for stale in out_dir.glob(f".{rknn_path.name}.*.part"):  # left by a killed run
-            stale.unlink()
+        onnx_path, rknn_path = out_dir / entry["file"], out_dir / rknn_name(entry["file"])
+        if not _is_own_copy(onnx_path, entry["sha256"]):
+            link_or_copy(source_dir / entry["file"], onnx_path, overwrite=True)
         record = done.get(rknn_path.name)
-        if record is None or not rknn_path.is_file() or sha256_file(rknn_path) != record["rknn_sha256"]:
-            record = convert_one(source_dir / entry["file"], rknn_path, target)
+        if record is None or not _is_own_copy(rknn_path, record["rknn_sha256"]):
+            record = convert_one(onnx_path, rknn_path, target)
             done[rknn_path.name] = record
-            write_json(progress_path, {**identity, "done": done})
+            write_json(progress_path, {**identity, "done": done}, overwrite=True)
         records.append({"index": entry["index"], **record})
 
-    manifest = {
-        **source,
-        "rknn": {**identity, "source_dir": str(source_dir), "subgraphs": records},
-    }
     manifest_path = out_dir / MANIFEST
-    write_json(manifest_path, manifest)
+    write_json(manifest_path, {**source, "rknn": {**identity, "subgraphs": records}}, overwrite=True)
     return manifest_path

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import pickle
 import shutil
 
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 from PIL import Image
 
 from anima_rknn.cli.rknn import agreement
+from anima_rknn.export.manifest import read_manifest
 from anima_rknn.export.rknn import TOOLKIT_MISSING
 from anima_rknn.files import sha256_file
 
@@ -89,17 +91,15 @@ def test_verify_reports_every_subgraph_close_to_fp32_torch(run_cli, model_dir, t
 
 @needs_toolkit
 def test_verify_flags_swapped_subgraphs_and_exits_1(run_cli, model_dir, tiny_onnx_set, tiny_rknn_set, tmp_path):
-    # The simulator builds each context from the ONNX source: swap the two MLPs there (hashes made to match),
-    # as a converter that mixed up files would. Each then runs the other block's weights.
-    source, rknn = tmp_path / "onnx", tmp_path / "rknn"
-    shutil.copytree(tiny_onnx_set, source)
+    # The simulator builds each context from the ONNX source beside its .rknn: swap the two MLPs there (hashes
+    # made to match), as a converter that mixed up files would. Each then runs the other block's weights.
+    rknn = tmp_path / "rknn"
     shutil.copytree(tiny_rknn_set, rknn)
-    (source / "b00_mlp.onnx").write_bytes((tiny_onnx_set / "b01_mlp.onnx").read_bytes())
-    (source / "b01_mlp.onnx").write_bytes((tiny_onnx_set / "b00_mlp.onnx").read_bytes())
+    (rknn / "b00_mlp.onnx").write_bytes((tiny_onnx_set / "b01_mlp.onnx").read_bytes())
+    (rknn / "b01_mlp.onnx").write_bytes((tiny_onnx_set / "b00_mlp.onnx").read_bytes())
     manifest = json.loads((rknn / "manifest.json").read_text())
-    manifest["rknn"]["source_dir"] = str(source)
     for entry in manifest["subgraphs"]:
-        entry["sha256"] = sha256_file(source / entry["file"])
+        entry["sha256"] = sha256_file(rknn / entry["file"])
     (rknn / "manifest.json").write_text(json.dumps(manifest))
     result = run_cli("verify-rknn", "--model", model_dir, "--subgraphs", rknn, "--runtime", "simulator")
     assert result.code == 1
@@ -136,3 +136,154 @@ def test_generate_refuses_a_set_for_another_resolution(run_cli, model_dir, tiny_
                      "--steps", "2", "--backend", "rknn", "--subgraphs", tiny_rknn_set, "--rknn-runtime", "simulator",
                      "-o", tmp_path / "x.png")
     assert result.code == 1 and "exported for 64x64, asked for 128x128" in result.err
+
+
+# A subgraph set is checked whole before any file it names is opened; each refusal is one line.
+
+
+@pytest.fixture(scope="module")
+def onnx_set(tiny_set, tmp_path_factory):
+    pytest.importorskip("onnxscript")
+    from anima_rknn.export.onnx import export_subgraphs
+
+    return export_subgraphs(tiny_set.dit, 64, 64, tmp_path_factory.mktemp("onnx") / "set", progress=False).parent
+
+
+def crafted_copy(onnx_set, folder, where: tuple, value) -> None:
+    shutil.copytree(onnx_set, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    parent = manifest
+    for key in where[:-1]:
+        parent = parent[key]
+    parent[where[-1]] = value
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def refusals(run_cli, model_dir, folder, tmp_path) -> set[str]:
+    """What `plan` and `generate --backend onnx` say about the set in `folder`; each must be one line."""
+    out = tmp_path / "x.png"
+    results = [run_cli("plan", "--subgraphs", folder),
+               run_cli("generate", "--model", model_dir, "-p", "cat", *SIZE, "--steps", "1", "--backend", "onnx",
+                       "--subgraphs", folder, "-o", out)]
+    for result in results:
+        assert result.code == 1 and result.err.count("\n") == 1 and "Traceback" not in result.err, result.err
+    assert not out.exists()
+    return {result.err for result in results}
+
+
+@pytest.mark.parametrize(("where", "value", "message"), [
+    (("subgraphs", 3, "file"), "../../outside.onnx",
+     "subgraphs[3].file: '../../outside.onnx' is not a plain file name: it contains a path separator"),
+    (("subgraphs", 3, "file"), "/etc/passwd", "subgraphs[3].file: '/etc/passwd' is not a plain file name: "
+                                              "it is an absolute path"),
+    (("subgraphs", 3, "file"), "b01\0.onnx", r"subgraphs[3].file: 'b01\x00.onnx' is not a plain file name: "
+                                             "it contains a NUL character"),
+    (("model", "blocks"), 10**40, "model.blocks: expected a whole number from 1 to 1024, got 1000000000"),
+    (("width",), "64", "width: expected a whole number from 16 to 8192, got '64'"),
+    (("subgraphs", 0, "inputs", 0, "shape"), [1, 10**12, 128],
+     "subgraphs[0].inputs[0].shape: expected [1, 16, 128], got [1, 1000000000000, 128]"),
+])
+def test_a_crafted_manifest_is_one_line_from_plan_and_generate(run_cli, model_dir, onnx_set, tmp_path, where,
+                                                               value, message):
+    folder = tmp_path / "crafted"
+    crafted_copy(onnx_set, folder, where, value)
+    [err] = refusals(run_cli, model_dir, folder, tmp_path)
+    assert err.startswith(f"error: {folder / 'manifest.json'}: {message}"), err
+
+
+def test_a_link_out_of_the_set_is_refused_alike_whether_its_target_exists_or_not(run_cli, model_dir, onnx_set,
+                                                                                 tmp_path):
+    folder = tmp_path / "linked"
+    shutil.copytree(onnx_set, folder)
+    (tmp_path / "secret.onnx").write_bytes((onnx_set / "b01_mlp.onnx").read_bytes())  # even a valid graph
+    messages = set()
+    for target in (tmp_path / "secret.onnx", tmp_path / "missing.onnx"):
+        (folder / "b01_mlp.onnx").unlink()
+        (folder / "b01_mlp.onnx").symlink_to(target)
+        messages |= refusals(run_cli, model_dir, folder, tmp_path)
+    assert messages == {f"error: {folder / 'manifest.json'}: subgraphs[5].file: 'b01_mlp.onnx' is a link leading "
+                        f"out of {folder}\n"}
+
+
+def test_a_pickle_as_manifest_is_not_json_and_never_unpickled(run_cli, model_dir, tmp_path):
+    class Unpickled:
+        def __reduce__(self):
+            return open, (str(tmp_path / "unpickled"), "w")
+
+    folder = tmp_path / "pickled"
+    folder.mkdir()
+    (folder / "manifest.json").write_bytes(pickle.dumps(Unpickled()))
+    [err] = refusals(run_cli, model_dir, folder, tmp_path)
+    assert err.startswith(f"error: {folder / 'manifest.json'}: not valid JSON")
+    assert not (tmp_path / "unpickled").exists()
+
+
+# convert-rknn --out: a new or empty folder, or its own interrupted conversion; anything else needs --overwrite.
+
+
+def listing(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@needs_toolkit
+def test_convert_refuses_a_folder_it_does_not_own(run_cli, tiny_onnx_set, tmp_path):
+    for holds, name in (("a subgraph set", "manifest.json"), ("other files", "notes.txt")):
+        out = tmp_path / name
+        out.mkdir()
+        (out / name).write_text('{"format": "someone else\'s"}')
+        result = run_cli("convert-rknn", "--subgraphs", tiny_onnx_set, "--out", out)
+        assert result.code == 1 and "Traceback" not in result.err
+        assert result.err == f"error: {out} is not empty (it holds {holds}); pass --overwrite to replace it\n"
+        assert listing(out) == {name: b'{"format": "someone else\'s"}'}
+
+
+@needs_toolkit
+def test_convert_refuses_a_crafted_progress_file_and_changes_nothing(run_cli, tiny_onnx_set, tmp_path):
+    out = tmp_path / "rknn"
+    out.mkdir()
+    record = {"rknn_file": "../../b00_mlp.rknn", "rknn_sha256": "ab" * 32, "rknn_bytes": 1, "convert_s": 1.0}
+    (out / "convert-progress.json").write_text(json.dumps({
+        "source_sha256": sha256_file(tiny_onnx_set / "manifest.json"), "target": "rk3588",
+        "toolkit_version": "2.5.0", "done": {"b00_mlp.rknn": record}}))
+    (out / "manifest.json").write_text("an earlier manifest")
+    before = listing(out)
+    result = run_cli("convert-rknn", "--subgraphs", tiny_onnx_set, "--out", out)
+    assert result.code == 1 and result.err == (
+        f"error: {out / 'convert-progress.json'}: done['b00_mlp.rknn'].rknn_file: '../../b00_mlp.rknn' is not a "
+        "plain file name: it contains a path separator\n")
+    assert listing(out) == before
+
+
+@needs_toolkit
+def test_convert_refuses_the_conversion_of_another_target_without_overwrite(run_cli, tiny_onnx_set, tmp_path):
+    out = tmp_path / "rknn"
+    out.mkdir()
+    (out / "convert-progress.json").write_text(json.dumps({
+        "source_sha256": sha256_file(tiny_onnx_set / "manifest.json"), "target": "rk3576",
+        "toolkit_version": "2.5.0", "done": {}}))
+    before = listing(out)
+    result = run_cli("convert-rknn", "--subgraphs", tiny_onnx_set, "--out", out)
+    assert result.code == 1 and result.err == (f"error: {out} holds the conversion of another set, target or toolkit "
+                                               "version; pass --overwrite to replace it\n")
+    assert listing(out) == before
+
+
+@needs_toolkit
+def test_convert_with_overwrite_replaces_a_stale_set_then_resumes_without_it(run_cli, tiny_onnx_set, tmp_path):
+    out = tmp_path / "rknn"
+    out.mkdir()
+    (out / "manifest.json").write_text("a set for another model")
+    (out / "b05_mlp.rknn").write_bytes(b"from a larger set")
+    (out / "b00_mlp.rknn").write_bytes(b"stale")
+    (out / "b00_mlp.onnx").symlink_to(tiny_onnx_set / "b01_mlp.onnx")  # a link is never taken as our copy
+    result = run_cli("convert-rknn", "--subgraphs", tiny_onnx_set, "--out", out, "--overwrite")
+    assert result.code == 0, result.err
+    manifest = read_manifest(out)
+    assert not (out / "b05_mlp.rknn").exists() and not (out / "b00_mlp.onnx").is_symlink()
+    for entry, record in zip(manifest["subgraphs"], manifest["rknn"]["subgraphs"]):
+        assert sha256_file(out / entry["file"]) == entry["sha256"]
+        assert sha256_file(out / record["rknn_file"]) == record["rknn_sha256"]
+    before = {p.name: p.stat().st_mtime_ns for p in out.glob("*.rknn")}
+    result = run_cli("convert-rknn", "--subgraphs", tiny_onnx_set, "--out", out)  # its own work: resumes
+    assert result.code == 0, result.err
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.rknn")} == before  # nothing left to convert

@@ -5,7 +5,9 @@ The subgraphs are the real exporter's, from the tiny model set, converted by the
 
 from __future__ import annotations
 
+import hashlib
 import json
+import pickle
 import shutil
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from anima_rknn.engine import RknnOptions, SplitEngine, make_engine
 from anima_rknn.engine.backends.rknn import RknnBackend, board_platform, check_board
 from anima_rknn.engine.memory_plan import plan_memory
 from anima_rknn.errors import AnimaError
+from anima_rknn.export.manifest import read_manifest
 from anima_rknn.model.io import load_dit
 from anima_rknn.pipeline import AnimaPipeline, initial_noise
 
@@ -26,14 +29,8 @@ SIGMAS = (1.0, 0.5)  # one pass per sigma: a first step and a mid-schedule one
 
 
 @pytest.fixture(scope="module")
-def converted(tiny_set, tmp_path_factory) -> Path:
-    pytest.importorskip("rknn.api")
-    from anima_rknn.export.onnx import export_subgraphs
-    from anima_rknn.export.rknn import convert_subgraphs
-
-    onnx_dir = tmp_path_factory.mktemp("onnx")
-    export_subgraphs(tiny_set.dit, WIDTH, HEIGHT, onnx_dir, progress=False, overwrite=True)
-    return convert_subgraphs(onnx_dir, tmp_path_factory.mktemp("rknn"), progress=False).parent
+def converted(tiny_rknn_set) -> Path:
+    return tiny_rknn_set
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +138,7 @@ def test_corrupted_rknn_is_refused_by_name_before_loading(converted, dit, contex
     assert backend.live_contexts == 0
 
 
-def test_wrong_inputs_wrong_sets_and_unconverted_sets_are_refused(converted, dit):
+def test_wrong_inputs_wrong_sets_and_unconverted_sets_are_refused(converted, tiny_onnx_set, dit):
     backend = RknnBackend(converted, runtime="simulator")
     with pytest.raises(ValueError, match="rope_sin"):
         backend.run(0, {"x": np.zeros((1, 16, 128), np.float32), "rope_cos": np.zeros((1, 1, 16, 64), np.float32)})
@@ -150,9 +147,43 @@ def test_wrong_inputs_wrong_sets_and_unconverted_sets_are_refused(converted, dit
     assert backend.loads == 0  # refused before any context was opened
     with pytest.raises(AnimaError, match="exported for 64x64, asked for 128x128"):
         make_engine(dit, "rknn", width=128, height=128, subgraphs=converted, rknn=RknnOptions(runtime="simulator"))
-    source_dir = json.loads((converted / "manifest.json").read_text())["rknn"]["source_dir"]
     with pytest.raises(AnimaError, match="convert them with `anima-rknn convert-rknn` first"):
-        RknnBackend(source_dir, runtime="simulator")
+        RknnBackend(tiny_onnx_set, runtime="simulator")
+
+
+def test_only_the_simulator_needs_the_onnx_files(converted, dit, context, tmp_path):
+    """A set copied to the board without its .onnx files opens and plans; only the simulator asks for them."""
+    board_copy = tmp_path / "rknn"
+    shutil.copytree(converted, board_copy, ignore=shutil.ignore_patterns("*.onnx"))
+    engine = make_engine(dit, "rknn", width=WIDTH, height=HEIGHT, subgraphs=board_copy,
+                         rknn=RknnOptions(runtime="simulator"))
+    assert plan_memory(read_manifest(board_copy), None).max_resident == COUNT
+    with pytest.raises(AnimaError, match=r"b00_self_attn\.onnx is missing: the simulator builds each context from "
+                                         r"the ONNX file beside its \.rknn"):
+        run_pass(engine, context, SIGMAS[0])
+    assert engine.backend.loads == 0
+    engine.close()
+
+
+def test_a_planted_pickle_is_refused_by_the_toolkit_and_never_unpickled(converted, dit, context, tmp_path):
+    class Unpickled:
+        def __reduce__(self):
+            return open, (str(tmp_path / "unpickled"), "w")
+
+    planted = pickle.dumps(Unpickled())
+    copy = tmp_path / "rknn"
+    shutil.copytree(converted, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for entry, record in zip(manifest["subgraphs"], manifest["rknn"]["subgraphs"]):
+        for name in (entry["file"], record["rknn_file"]):
+            (copy / name).write_bytes(planted)
+        entry["sha256"] = record["rknn_sha256"] = hashlib.sha256(planted).hexdigest()
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    engine = make_engine(dit, "rknn", width=WIDTH, height=HEIGHT, subgraphs=copy, rknn=RknnOptions(runtime="simulator"))
+    with pytest.raises(AnimaError, match="rknn-toolkit2 load_onnx failed for b00_self_attn.onnx") as raised:
+        run_pass(engine, context, SIGMAS[0])
+    assert "\n" not in str(raised.value) and not (tmp_path / "unpickled").exists()
+    engine.close()
 
 
 # Board checks: plain files stand in for /usr/lib/librknnrt.so and /proc/device-tree/compatible.

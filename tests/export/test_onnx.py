@@ -2,7 +2,12 @@
 
 import hashlib
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -12,10 +17,13 @@ pytest.importorskip("onnxscript")
 
 from anima_rknn.cli import cli  # noqa: E402
 from anima_rknn.cli import export_onnx as _command  # noqa: E402, F401  (registers export-onnx)
+from anima_rknn.demo import demo_model_dir  # noqa: E402
 from anima_rknn.errors import AnimaError  # noqa: E402
 from anima_rknn.export.onnx import export_subgraphs, load_manifest  # noqa: E402
 from anima_rknn.model.config import PRESETS  # noqa: E402
+from anima_rknn.files import is_temporary  # noqa: E402
 from anima_rknn.model.io import random_dit, save_dit  # noqa: E402
+from anima_rknn.model_set import LAYOUT  # noqa: E402
 
 CONFIG = PRESETS["tiny"]
 # rknn.md: ops the RKNN converter lacks.
@@ -122,7 +130,7 @@ def test_load_manifest_names_a_corrupt_or_missing_file(exported, tmp_path):
 
 def test_export_refuses_bad_sizes_and_a_non_empty_folder(exported):
     dit_path, set_dir = exported
-    with pytest.raises(AnimaError, match="multiples of 16, got 120x64"):
+    with pytest.raises(AnimaError, match="multiples of 16 up to 8192, got 120x64"):
         export_subgraphs(dit_path, 120, 64, set_dir.parent / "new", progress=False)
     before = {p.name: p.stat().st_mtime_ns for p in set_dir.iterdir()}
     with pytest.raises(AnimaError, match="is not empty \\(it holds a subgraph set\\); pass --overwrite"):
@@ -153,8 +161,34 @@ def test_cli_export_fp16_with_overwrite_and_model_dir(exported, tmp_path):
     result = CliRunner().invoke(cli, ["export-onnx", "--model", str(tmp_path / "model"), "--out", str(tmp_path / "x")])
     assert isinstance(result.exception, AnimaError)
     assert "a.safetensors, b.safetensors" in str(result.exception)
-    result = CliRunner().invoke(cli, ["export-onnx", "--out", str(tmp_path / "x")])
-    assert "exactly one of --model DIR or --dit FILE" in str(result.exception)
+    result = CliRunner().invoke(cli, ["export-onnx", "--model", str(tmp_path / "model"), "--dit", str(dit_path),
+                                      "--out", str(tmp_path / "x")])
+    assert "pass one of --model DIR or --dit FILE, not both" in str(result.exception)
+    assert not (tmp_path / "x").exists()
+
+
+def test_cli_export_defaults_to_the_demo_model_at_its_trained_size(tmp_path):
+    result = CliRunner().invoke(cli, ["export-onnx", "--out", str(tmp_path / "demo")])
+    assert result.exit_code == 0, result.output
+    manifest = load_manifest(tmp_path / "demo", dit_path=demo_model_dir() / LAYOUT["dit"] / "anima-demo.safetensors",
+                             width=64, height=64)
+    assert manifest["model"]["file"] == "anima-demo.safetensors" and manifest["tokens"] == 16
+
+
+def test_a_terminated_export_leaves_no_temporary_and_no_manifest(tmp_path):
+    out = tmp_path / "killed"
+    process = subprocess.Popen([sys.executable, "-m", "anima_rknn", "export-onnx", "--out", str(out)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while not list(out.glob("*.onnx")) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    process.send_signal(signal.SIGTERM)  # the demo model has 18 subgraphs: most are still to come
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, err.decode()
+    assert err.decode().rstrip().endswith("terminated by SIGTERM") and b"Traceback" not in err
+    assert list(out.glob("*.onnx")) and not [p.name for p in out.iterdir() if is_temporary(p)]
+    assert not (out / "manifest.json").exists()  # an unfinished set never looks complete
 
 
 def test_export_is_deterministic(exported, tmp_path):

@@ -30,8 +30,12 @@ def test_manifest_extends_the_source_and_describes_every_file(tiny_onnx_set, tin
     manifest = json.loads((tiny_rknn_set / "manifest.json").read_text())
     assert {key: manifest[key] for key in source} == source  # existing keys untouched
     rknn = manifest["rknn"]
+    assert set(rknn) == {"source_sha256", "target", "toolkit_version", "subgraphs"}  # no path to elsewhere
     assert rknn["toolkit_version"] == "2.5.0" and rknn["target"] == "rk3588"
     assert rknn["source_sha256"] == sha256_file(tiny_onnx_set / "manifest.json")
+    for entry in manifest["subgraphs"]:  # each ONNX source beside its .rknn: a hard link on one file system
+        copy = tiny_rknn_set / entry["file"]
+        assert sha256_file(copy) == entry["sha256"] and copy.samefile(tiny_onnx_set / entry["file"])
     assert [r["rknn_file"] for r in rknn["subgraphs"]] == [
         Path(e["file"]).with_suffix(".rknn").name for e in source["subgraphs"]]
     for record in rknn["subgraphs"]:
@@ -90,4 +94,5 @@ def test_a_toolkit_failure_is_one_line_naming_the_file_and_leaves_no_partial_out
     with pytest.raises(AnimaError, match="load_onnx failed for b00_cross_attn.onnx") as raised:
         convert_subgraphs(source, out, progress=False)
     assert "\n" not in str(raised.value)
-    assert sorted(p.name for p in out.iterdir()) == ["b00_self_attn.rknn", "convert-progress.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["b00_cross_attn.onnx", "b00_self_attn.onnx",
+                                                     "b00_self_attn.rknn", "convert-progress.json"]

@@ -30,11 +30,8 @@ class OnnxBackend:
         options.inter_op_num_threads = 1
         self._input_dtypes = [{i["name"]: np.dtype(i["dtype"]) for i in entry["inputs"]}
                               for entry in manifest["subgraphs"]]
-        self._sessions = [
-            onnxruntime.InferenceSession(str(Path(subgraph_dir) / entry["file"]), options,
-                                         providers=["CPUExecutionProvider"])
-            for entry in manifest["subgraphs"]
-        ]
+        self._sessions = [_session(onnxruntime, Path(subgraph_dir) / entry["file"], options)
+                          for entry in manifest["subgraphs"]]
 
     def run(self, index: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
         feeds = {name: np.ascontiguousarray(inputs[name], dtype=dtype)
@@ -43,3 +40,11 @@ class OnnxBackend:
 
     def close(self) -> None:
         self._sessions = []
+
+
+def _session(onnxruntime: Any, path: Path, options: Any) -> Any:
+    try:
+        return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime's own exception types (Fail, InvalidProtobuf, ...) share no base class
+        reason = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise AnimaError(f"cannot load subgraph file {path}: {reason}") from None

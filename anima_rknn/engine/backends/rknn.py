@@ -5,8 +5,9 @@ memory, so `max_resident` bounds how many stay open: the first max_resident-1 su
 and the others take turns in the last slot (engine.memory_plan.pinned_contexts has the rule and why).
 
 The simulator cannot run a .rknn file (rknn-toolkit2 refuses `init_runtime(target=None)` after
-`load_rknn`), so in simulator mode each context is compiled again from the subgraph's ONNX source; the
-.rknn files are still verified, since they are what the board would load.
+`load_rknn`), so in simulator mode each context is compiled again from the subgraph's ONNX source, which
+convert-rknn places beside its .rknn in the set's folder; the .rknn files are still verified, since they are
+what the board would load. On the board (runtime lite) the .onnx files are never looked at.
 """
 
 from __future__ import annotations
@@ -190,10 +191,13 @@ class RknnBackend:
 
     def _load(self, index: int) -> Any:
         rknn_path = self.subgraph_dir / self.rknn_files[index]["rknn_file"]
-        onnx_path = Path(self.conversion["source_dir"]) / self.subgraphs[index]["file"]
+        onnx_path = self.subgraph_dir / self.subgraphs[index]["file"]
         if index not in self.verified:  # once per backend: re-hashing GBs on every reload would cost seconds
             check_file(rknn_path, self.rknn_files[index]["rknn_sha256"])
             if self.runtime == "simulator":
+                if not onnx_path.exists():
+                    raise AnimaError(f"{onnx_path} is missing: the simulator builds each context from the ONNX "
+                                     "file beside its .rknn (run convert-rknn again into this folder to add it)")
                 check_file(onnx_path, self.subgraphs[index]["sha256"])
             self.verified.add(index)
         with toolkit_output() as log:
