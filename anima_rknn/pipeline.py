@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from .checkpoint import read_shapes
-from .engine import BACKENDS, RknnOptions, make_engine
+from .engine import BACKENDS, RknnOptions, make_engine, subgraph_manifest
 from .errors import AnimaError
 from .memory import available_bytes, return_freed_memory
 from .model.io import load_dit, load_llm_adapter, read_dit_config
@@ -175,7 +175,7 @@ class AnimaPipeline:
             raise AnimaError("AnimaPipeline takes the ModelFiles of anima_rknn.resolve_model(...)")
         self.files = files
         # Header-only checks of all three files, so a bad file fails now and not after minutes of work.
-        read_dit_config(files.dit)
+        self.dit_config = read_dit_config(files.dit)
         qwen3_config_from_shapes(read_shapes(files.text_encoder, "text encoder"))
         self.vae_config = read_vae_config(files.vae)
         self.tokenizer = PromptTokenizer.from_dirs(files.qwen_tokenizer, files.t5_tokenizer)
@@ -271,10 +271,13 @@ class AnimaPipeline:
         array = (pixels[0].permute(1, 2, 0).clamp(0, 1).numpy() * 255).round().astype(np.uint8)
         return Image.fromarray(array), time.perf_counter() - start
 
-    def decode_tile(self, params: GenerationParams) -> int | None:
-        """The VAE tile size for this run (None: one piece), from a memory estimate against the free memory;
-        a decode that cannot fit is refused here, before any denoising."""
+    def prepare(self, params: GenerationParams) -> int | None:
+        """Everything about a run that can be checked before the models load: the settings, the subgraph set
+        (fits this DiT and resolution), and the VAE decode's memory. Returns the VAE tile size for the run (None:
+        one piece), chosen from a memory estimate against the free memory; what cannot fit is refused here."""
         params.validate()
+        subgraph_manifest(self.dit_config, params.subgraphs, params.backend, self.files.dit, params.width,
+                          params.height)
         return plan_tiling(self.vae_config, params.width, params.height, params.vae_tiling, params.vae_tile,
                            available_bytes())
 
@@ -285,7 +288,7 @@ class AnimaPipeline:
         with these settings and model files."""
         if not isinstance(params, GenerationParams):
             raise AnimaError("generate takes a GenerationParams")
-        tile = self.decode_tile(params)
+        tile = self.prepare(params)
         fingerprints = None
         if checkpoints is not None or resume is not None:
             from .resume import model_fingerprints  # resume builds on this module

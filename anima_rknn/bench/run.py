@@ -134,7 +134,7 @@ def run_bench(pipeline: AnimaPipeline, params: GenerationParams, caches: Sequenc
     baseline = dataclasses.replace(params, cache="none", cache_options={})
     cached = policy_params(params, caches, cache_options or {})
     seeds = list(seeds) if seeds else [params.seed]
-    tile = pipeline.decode_tile(params)
+    tile = pipeline.prepare(params)
     with peak_rss() as encode_peak:
         conditioning = pipeline.encode(params.prompt, params.negative, params.dtype)
     # Untimed: torch's first-call costs (allocator, kernel choice) would otherwise land on the baseline alone.

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AnimaError
+from ..model.config import DiTConfig
 from ..model.dit import AnimaDiT
 from .backends.onnx import OnnxBackend
 from .backends.rknn import RknnBackend, RknnOptions
@@ -16,8 +17,7 @@ from .split import SplitEngine
 BACKENDS = ("torch", "onnx", "rknn")
 
 
-def _check_sizes(dit: AnimaDiT, manifest: dict[str, Any], subgraphs: Path) -> None:
-    config = dit.config
+def _check_sizes(config: DiTConfig, manifest: dict[str, Any], subgraphs: Path) -> None:
     expected = {"blocks": config.blocks, "hidden": config.hidden, "heads": config.heads,
                 "head_dim": config.head_dim, "context_dim": config.context_dim}
     found = {key: manifest["model"][key] for key in expected}
@@ -25,9 +25,12 @@ def _check_sizes(dit: AnimaDiT, manifest: dict[str, Any], subgraphs: Path) -> No
         raise AnimaError(f"subgraphs in {subgraphs} are for a DiT with {found}, this one has {expected}")
 
 
-def _subgraph_manifest(dit: AnimaDiT, subgraphs: Path | None, backend: str, dit_path: Path | None,
-                       width: int, height: int) -> dict[str, Any]:
-    """The checked manifest of an exported (onnx) or converted (rknn) set, which must have this DiT's sizes."""
+def subgraph_manifest(config: DiTConfig, subgraphs: Path | None, backend: str, dit_path: Path | None,
+                      width: int, height: int) -> dict[str, Any] | None:
+    """The checked manifest of an exported (onnx) or converted (rknn) set, which must have this DiT's sizes
+    (None for the torch backend, which needs no set). Cheap to repeat: file hashes are cached per file version."""
+    if backend == "torch":
+        return None
     # imported here: export.onnx imports engine.backends (a cycle at import time)
     from ..export.onnx import load_manifest
     from ..export.rknn import read_converted_manifest
@@ -36,7 +39,7 @@ def _subgraph_manifest(dit: AnimaDiT, subgraphs: Path | None, backend: str, dit_
         raise AnimaError(f"the {backend} backend needs an exported subgraph folder (--subgraphs DIR)")
     read = read_converted_manifest if backend == "rknn" else load_manifest
     manifest = read(Path(subgraphs), dit_path=dit_path, width=width, height=height)
-    _check_sizes(dit, manifest, subgraphs)
+    _check_sizes(config, manifest, subgraphs)
     return manifest
 
 
@@ -49,7 +52,7 @@ def make_engine(dit: AnimaDiT, backend: str = "torch", *, width: int, height: in
     if backend == "torch":
         runner = TorchBackend(dit, dit.body_dtype)
     elif backend in ("onnx", "rknn"):
-        manifest = _subgraph_manifest(dit, subgraphs, backend, dit_path, width, height)
+        manifest = subgraph_manifest(dit.config, subgraphs, backend, dit_path, width, height)
         if backend == "onnx":
             runner = OnnxBackend(Path(subgraphs), manifest)
         else:
@@ -61,4 +64,4 @@ def make_engine(dit: AnimaDiT, backend: str = "torch", *, width: int, height: in
     return SplitEngine(dit, runner, latent_size=(height // 8, width // 8))
 
 
-__all__ = ["BACKENDS", "RknnOptions", "SplitEngine", "make_engine"]
+__all__ = ["BACKENDS", "RknnOptions", "SplitEngine", "make_engine", "subgraph_manifest"]

@@ -70,6 +70,8 @@ GENERATE_CASES = [
     (("--cache", "spectrum", "--cache-option", "flex=1e308"), 1, "flex must be in"),
     (("--cache", "spectrum", "--spectrum-w", "nan"), USAGE, "not a finite number"),
     (("--cache", "spectrum", "--cache-option", "m=3,m=4"), 1, "given twice"),
+    (("--backend", "onnx"), 1, "the onnx backend needs an exported subgraph folder"),
+    (("--backend", "onnx", "--subgraphs", "no-such-set"), 1, "no-such-set"),
     # prompts
     (("--prompt", "(" * 200 + "cat" + ")" * 200), 1, "nest more than 100 parentheses deep"),
     (("--prompt", "cat " * 6000), 1, "characters; at most 20000"),
