@@ -11,6 +11,7 @@ from ..demo.evaluate import adherence, adherence_table, contact_sheet, generate_
 from ..files import check_output_file, json_text, save_png
 from ..sampling.caches import CACHE_NAMES
 from . import cli
+from .options import FINITE
 
 
 @cli.command("eval-demo")
@@ -19,7 +20,7 @@ from . import cli
 @click.option("--prompts", "count", type=int, default=24, show_default=True,
               help="Prompts in the fixed set; every third one is a held-out colour pair.")
 @click.option("--steps", type=int, default=20, show_default=True)
-@click.option("--cfg", type=float, default=4.0, show_default=True)
+@click.option("--cfg", type=FINITE, default=4.0, show_default=True)
 @click.option("--seed", type=int, default=1000, show_default=True, help="Prompt i uses seed + i.")
 @click.option("--cache", type=click.Choice(CACHE_NAMES), default="none", show_default=True)
 @click.option("--sheet", type=click.Path(dir_okay=False), default="demo_sheet.png", show_default=True,

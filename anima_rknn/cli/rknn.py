@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from ..engine.backends.torch import TorchBackend
 from ..engine.memory_plan import parse_size, plan_memory, predict_memory
 from ..engine.split import SplitEngine
 from ..errors import AnimaError
+from ..files import json_text
 from ..export.onnx import token_count
 from ..export.manifest import read_manifest
 from ..export.rknn import convert_subgraphs, read_converted_manifest
@@ -24,7 +24,7 @@ from ..model.io import load_dit
 from ..model_set import resolve
 from ..pipeline import AnimaPipeline, initial_noise
 from . import cli
-from .options import model_options
+from .options import FINITE, model_options
 
 DEFAULT_MIN_COSINE = 0.999
 VERIFY_PROMPT = "1girl, long hair, smile, looking at viewer, flowers, blue sky"
@@ -136,7 +136,7 @@ def accuracy_table(results: list[SubgraphAccuracy], min_cosine: float) -> str:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the initial noise.")
 @click.option("--runtime", type=click.Choice(RUNTIMES), default="auto", show_default=True,
               help="simulator (x86) or lite (board).")
-@click.option("--min-cosine", type=float, default=DEFAULT_MIN_COSINE, show_default=True,
+@click.option("--min-cosine", type=FINITE, default=DEFAULT_MIN_COSINE, show_default=True,
               help="Flag subgraphs whose cosine similarity to fp32 torch is below this.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as one JSON object on stdout.")
 def verify_rknn(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, subgraphs: Path, prompt: str, seed: int,
@@ -159,7 +159,7 @@ def verify_rknn(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, sub
 
     flagged = [r.file for r in results if r.cosine < min_cosine]
     if as_json:
-        click.echo(json.dumps({"subgraphs": [asdict(r) for r in results], "min_cosine": min_cosine, "sigma": sigma,
+        click.echo(json_text({"subgraphs": [asdict(r) for r in results], "min_cosine": min_cosine, "sigma": sigma,
                                "seed": seed, "prompt": prompt, "flagged": flagged}))
     else:
         click.echo(accuracy_table(results, min_cosine))

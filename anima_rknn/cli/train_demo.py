@@ -9,12 +9,13 @@ import click
 
 from ..demo.train import DemoConfig, train_demo
 from . import cli
+from .options import FINITE
 
 
 @cli.command("train-demo")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Folder for the model set: new or empty; a run interrupted there resumes from its last checkpoint.")
-@click.option("--minutes", type=float, default=DemoConfig.minutes, show_default=True,
+@click.option("--minutes", type=FINITE, default=DemoConfig.minutes, show_default=True,
               help="Wall-clock budget for both stages together.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--vae-steps", type=int, default=None, help="Train the VAE this many steps instead of by time.")

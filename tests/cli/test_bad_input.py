@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import click
 import pytest
 import torch
 from PIL import Image
@@ -305,3 +306,24 @@ def test_two_runs_racing_to_one_path_cannot_both_succeed(model_dir, out_dir):
     loser = next(err for code, err in results if code == 1)
     assert "exists; pass --overwrite" in loser or "appeared while this run was working" in loser
     assert sorted(p.name for p in out_dir.iterdir()) == ["keep.txt", "race.png"]
+
+
+def test_no_command_takes_a_number_that_may_be_nan():
+    """click's FLOAT accepts "nan" and "inf"; every float option of every command uses the finite type instead."""
+    from anima_rknn.cli import cli, commands  # noqa: F401  (registers the commands)
+
+    floats = [f"{name} {param.name}" for name, command in cli.commands.items() for param in command.params
+              if isinstance(param.type, (click.types.FloatParamType, click.FloatRange))]
+    assert floats == []
+
+
+@pytest.mark.parametrize("args", [
+    ("eval-demo", "--cfg", "nan"),
+    ("train-demo", "--out", "{tmp}/t", "--minutes", "inf"),
+    ("verify-rknn", "--subgraphs", "{tmp}", "--min-cosine", "nan"),
+    ("bench", "-p", "cat", "--min-psnr", "-inf"),
+])
+def test_nan_thresholds_are_refused(run_cli, tmp_path, args):
+    result = run_cli(*[a.format(tmp=tmp_path) for a in args])
+    assert_refused(result, USAGE, "is not a finite number")
+    assert list(tmp_path.iterdir()) == []
