@@ -277,7 +277,8 @@ def test_model_file_truncated_while_mapped_is_one_line(tiny_set, out_dir, tmp_pa
     assert code == 1 and "Traceback" not in text and "Bus error" not in text
     assert text.rstrip().endswith("error: a model file was truncated or changed on disk while in use (bus error); "
                                   "no output was written")
-    assert snapshot(out_dir) == before
+    # No PNG and no temporary; a checkpoint written (whole) before the crash may stay, as after a power cut.
+    assert snapshot(out_dir).keys() <= {*before, "x.png.state"}
 
 
 def _limit_file_size() -> None:
