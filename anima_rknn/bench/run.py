@@ -17,6 +17,8 @@ from ..sampling.euler import StepCallback, StepEvent
 from ..memory import peak_rss
 
 BASELINE = "baseline"
+# Every run keeps its per-step x0 for the report, so the number of runs is bounded.
+MAX_SEEDS, MAX_REPEATS = 64, 100
 # on_run(seed, side, repeat): called before each run; side is "baseline" or a cache name, repeat is 0-based.
 RunCallback = Callable[[int, str, int], None]
 
@@ -89,6 +91,8 @@ def parse_seed_list(text: str) -> list[int]:
             raise AnimaError(f"seeds must be integers from 0 to {MAX_SEED} (or -1 for a random one), got {seed}")
     if not seeds:
         raise AnimaError("--seeds needs at least one seed")
+    if len(seeds) > MAX_SEEDS:
+        raise AnimaError(f"--seeds lists {len(seeds)} seeds; at most {MAX_SEEDS} fit one report")
     if len(set(seeds)) != len(seeds):
         raise AnimaError(f"a seed is listed twice in {text!r}")
     return seeds

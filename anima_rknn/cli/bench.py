@@ -9,6 +9,7 @@ import click
 from tqdm import tqdm
 
 from ..bench import DEFAULT_MIN_PSNR
+from ..bench.run import MAX_REPEATS
 from ..errors import AnimaError
 from ..files import output_folder, save_png
 from ..model_set import resolve
@@ -57,7 +58,7 @@ def save_images(result: BenchResult, out: Path, model_name: str) -> None:
               help='Options for every cached policy, e.g. "w=0.4,m=3,lam=1.0,window=2,flex=0.5,warmup=4,stop=0.9".')
 @click.option("--seeds", default=None, help="Comma list of seeds (one table per seed plus aggregates); "
                                             "overrides --seed.")
-@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--repeat", type=click.IntRange(1, MAX_REPEATS), default=1, show_default=True,
               help="Runs per side and seed; times are reported as min and median.")
 @click.option("--min-psnr", type=FINITE, default=DEFAULT_MIN_PSNR, show_default=True,
               help="Verdict threshold: lowest acceptable PSNR (dB) of a cached image against the baseline.")
@@ -90,7 +91,7 @@ def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, n
                               vae_tiling=vae_tiling(tiling), vae_tile=vae_tile_size, vae_overlap=vae_tile_overlap)
     run_module.policy_params(params, cache_names, options)  # bad options fail here, before the folder is made
     out_dir = Path(out)
-    output_folder(out_dir, overwrite=overwrite, holds="a bench report" if (out_dir / "report.json").exists() else "other files")
+    output_folder(out_dir, overwrite=overwrite, names=["report.json", "report.md"], holds="a bench report" if (out_dir / "report.json").exists() else "other files")
     pipeline = AnimaPipeline(files, keep_dit=True)
 
     total_steps = len(seed_list) * repeat * (1 + len(cache_names)) * steps

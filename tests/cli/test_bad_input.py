@@ -117,6 +117,8 @@ def test_generate_checks_its_output_before_any_work(run_cli, model_dir, out_dir,
     (("--seeds", "1,x"), 1, "comma list of integers"),
     (("--seeds", f"1,{2**64}"), 1, "seeds must be integers from 0 to"),
     (("--cfg", "-1"), 1, "cfg must be a finite number from 0"),
+    (("--repeat", "101"), USAGE, "101 is not in the range 1<=x<=100"),
+    (("--seeds", ",".join(map(str, range(65)))), 1, "lists 65 seeds; at most 64"),
 ])
 def test_bench_refuses(run_cli, model_dir, out_dir, args, code, pattern):
     before = snapshot(out_dir.parent)
