@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checkpoint import load_tensors, read_header, read_metadata, save_tensors
+from .checkpoint import fingerprint, load_tensors, read_metadata, save_tensors
 from .errors import AnimaError
 from .export.manifest import MANIFEST
 from .model_set import ModelFiles
@@ -39,7 +39,6 @@ STATE_SUFFIX = ".state"
 # Checkpoints by default: after every computed step, once the run is this long (elapsed + ETA), so that a
 # crash or power cut on the board loses one step, while a seconds-long CPU run writes nothing.
 LONG_RUN_S = 60.0
-_FINGERPRINT_SAMPLES, _FINGERPRINT_BLOCK = 64, 4096
 # Settings that change the picture: a state is refused when any differs. (The RKNN memory budget and NPU
 # core mask only change how fast it is made.)
 SETTINGS = ("prompt", "negative", "width", "height", "steps", "cfg", "seed", "shift", "dtype", "cache",
@@ -52,26 +51,6 @@ class Interrupted(Exception):
     def __init__(self, path: Path, step: int, total: int) -> None:
         super().__init__(f"stopped after step {step}/{total}")
         self.path, self.step, self.total = path, step, total
-
-
-def fingerprint(path: str | os.PathLike, what: str) -> str:
-    """A cheap, stable identity of a safetensors file: sha256 over its size, its whole header (every tensor's
-    name, dtype, shape and offsets) and 64 blocks of 4 KiB spread evenly over its data.
-
-    A full sha256 of Anima's 5.3 GB reads for a minute on the board at every checkpoint and resume; this reads
-    about 256 KiB. It changes with any other file, any re-save, any change of layout or of any sampled block;
-    only an in-place edit of the same bytes count that misses every sampled block would go unseen."""
-    header = read_header(path, what)
-    size = header.path.stat().st_size
-    digest = hashlib.sha256(str(size).encode())
-    with open(header.path, "rb") as f:
-        (header_len,) = np.frombuffer(f.read(8), dtype="<u8")
-        digest.update(f.read(int(header_len)))
-        start = 8 + int(header_len)
-        for i in range(_FINGERPRINT_SAMPLES):
-            f.seek(start + (size - start) * i // _FINGERPRINT_SAMPLES)
-            digest.update(f.read(_FINGERPRINT_BLOCK))
-    return digest.hexdigest()
 
 
 def model_fingerprints(files: ModelFiles, subgraphs: Path | None) -> dict[str, str | None]:

@@ -13,6 +13,7 @@ from .model.io import random_dit, save_dit
 from .model_set import LAYOUT, ModelFiles, from_model_dir
 from .text import build_word_tokenizers, write_random_text_encoder
 from .vae import WanVAEConfig, random_vae, save_vae
+from .vae.preview import store_projection
 
 # Enough words for prompts people try first; anything else maps to the unknown token.
 WORDS = (
@@ -40,7 +41,8 @@ FULL_QWEN_VOCAB = 151936
 
 def write_model_set(out: Path, preset: str = "tiny", tokenizers: Path | None = None, seed: int = 0,
                     overwrite: bool = False) -> ModelFiles:
-    """Write DiT+adapter, Qwen3 and Wan VAE files with seeded random weights, plus both tokenizers.
+    """Write DiT+adapter, Qwen3 and Wan VAE files with seeded random weights, plus both tokenizers and the VAE's
+    preview projection.
 
     `tokenizers` may name a folder holding the real `qwen3/` and `t5/` tokenizers; otherwise small word-level
     ones are built. Vocabulary sizes follow the tokenizers (the full preset keeps the real model's sizes).
@@ -70,7 +72,9 @@ def write_model_set(out: Path, preset: str = "tiny", tokenizers: Path | None = N
     write_random_text_encoder(out / LAYOUT["text_encoder"] / f"qwen3-{preset}-random.safetensors",
                               hidden=config.adapter_source_dim, vocab=qwen_vocab, seed=seed + 1,
                               **TEXT_ENCODERS[preset])
-    save_vae(random_vae(VAES[preset], seed=seed + 2), out / LAYOUT["vae"] / f"wan-vae-{preset}-random.safetensors")
+    vae_path = out / LAYOUT["vae"] / f"wan-vae-{preset}-random.safetensors"
+    save_vae(random_vae(VAES[preset], seed=seed + 2), vae_path)
+    store_projection(vae_path)  # the live preview's latent-to-RGB projection (a minute for the full VAE)
     return from_model_dir(out)
 
 

@@ -15,10 +15,11 @@ from tqdm import tqdm
 from ..errors import AnimaError
 from ..files import check_name, check_output_file, json_text, save_png
 from ..model_set import resolve
-from ..pipeline import AnimaPipeline, GenerationParams, GenerationResult, png_parameters
+from ..pipeline import MAX_STEPS, AnimaPipeline, GenerationParams, GenerationResult, png_parameters
 from ..resume import SETTINGS, Checkpoints, Interrupted, ResumeState, default_state_path, output_of_state, read_state
 from ..sampling.caches import CACHE_NAMES, OPTION_TYPES, parse_cache_options
-from ..sampling.euler import StepEvent
+from ..sampling.euler import StepCallback, StepEvent
+from ..vae.preview import PreviewWriter
 from . import cli
 from .options import FINITE, image_size, model_options, rknn_options, rknn_settings, sampling_options, vae_options, vae_tiling
 
@@ -77,11 +78,17 @@ def spectrum_options(f):
                    "takes over a minute.")
 @click.option("--resume", "resume_path", type=click.Path(dir_okay=False), default=None,
               help="Continue a stopped run from its state file: same settings and model files, same image.")
+@click.option("--preview", type=click.Path(dir_okay=False), default=None,
+              help="Write the step's denoised estimate to this PNG as the run goes (replaced atomically).")
+@click.option("--preview-every", type=click.IntRange(1, MAX_STEPS), default=1, show_default=True,
+              help="Preview every N steps (and at the last).")
+@click.option("--preview-vae", is_flag=True,
+              help="Preview with a real (tiled) VAE decode instead of the cheap latent projection.")
 @click.pass_context
 def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, negative,
              width, height, steps, cfg, seed, shift, dtype, backend, subgraphs, rknn_runtime, rknn_budget,
              rknn_core_mask, cache, cache_option, tiling, vae_tile_size, vae_tile_overlap, out, overwrite, as_json,
-             state, checkpoint_every, resume_path, **spectrum) -> None:
+             state, checkpoint_every, resume_path, preview, preview_every, preview_vae, **spectrum) -> None:
     """Generate one image. Ctrl-C (or SIGTERM) stops after the current step and writes a resume state;
     a second Ctrl-C aborts at once."""
     files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
@@ -110,6 +117,8 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
     state_path = Path(state) if state else default_state_path(out_path)
     if resumed is None or state_path.resolve() != Path(resume_path).resolve():
         check_state_file(state_path, overwrite)
+    previews = preview_listener(preview, out_path, files.vae, preview_every, preview_vae, params.vae_tile,
+                                overwrite)
     pipeline = AnimaPipeline(files)
     checkpoints = Checkpoints(state_path, checkpoint_every, stop=lambda: bool(stops))
 
@@ -121,6 +130,8 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
                              file=sys.stderr, dynamic_ncols=True))
         bars[0].set_postfix_str("model" if event.computed else "forecast")
         bars[0].update(1)
+        if previews is not None:
+            previews(event)
 
     stopped: Interrupted | None = None
     try:
@@ -168,6 +179,30 @@ def settings_from_state(params: GenerationParams, resumed: ResumeState, given: s
     merged = dataclasses.replace(params, **{name: getattr(resumed.params, name) for name in SETTINGS if name not in keep})
     resumed.check(merged, resumed.fingerprints)  # settings only here; the model files are checked by the pipeline
     return merged
+
+
+def preview_listener(preview: str | None, out: Path, vae: Path, every: int, vae_decode: bool, tile: int,
+                     overwrite: bool) -> StepCallback | None:
+    """The --preview writer, checked now; a preview that fails later is given up with one warning line, since
+    a picture to watch is not worth the run it watches."""
+    if preview is None:
+        return None
+    path = check_output_file(Path(preview), overwrite=overwrite, suffixes=(".png",))
+    if path.resolve() == out.resolve():
+        raise AnimaError("--preview must be another file than --out")
+    writer = PreviewWriter(path, vae, every, vae_decode=vae_decode, tile=tile)
+    failed: list[str] = []
+
+    def write(event: StepEvent) -> None:
+        if failed:
+            return
+        try:
+            writer(event)
+        except AnimaError as e:
+            failed.append(str(e))
+            click.echo(f"\nwarning: previews stopped: {e}", err=True)
+
+    return write
 
 
 def check_state_file(path: Path, overwrite: bool) -> None:

@@ -35,6 +35,7 @@ from ..sampling.schedule import shift_sigma
 from ..text import PromptTokenizer, build_word_tokenizers, load_text_encoder, write_random_text_encoder
 from ..tiny_set import WORDS
 from ..vae import WanVAE, WanVAEConfig, save_vae
+from ..vae.preview import store_projection
 from . import dataset
 from . import state as train_state
 from .state import StageState
@@ -45,6 +46,7 @@ DIT_FILE = "anima-demo.safetensors"
 TEXT_ENCODER_FILE = "qwen3-demo-random.safetensors"
 VAE_FILE = "wan-vae-demo.safetensors"
 META_PREFIX = "anima_rknn.demo."
+PREVIEW_FIT_IMAGES = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -417,6 +419,13 @@ def train_dit(config: DemoConfig, work: Path, vae: WanVAE, bank: CaptionBank) ->
 # ---- the whole run ---------------------------------------------------------------------------------------
 
 
+def store_preview_projection(vae_path: Path, config: DemoConfig) -> Path:
+    """The live preview's projection of the trained VAE, fitted on the DiT's training pictures (what the set
+    draws), stored beside the VAE file."""
+    images, _ = dataset.batch(config.seed + 2, 0, PREVIEW_FIT_IMAGES)  # train_dit's data seed
+    return store_projection(vae_path, _images_to_tensor(images))
+
+
 def _check_resume(work: Path, config: DemoConfig) -> None:
     """A resumed run must be the run that was started (only the time budget may change); its files must all
     be train-demo's own, in their formats. Nothing is written before this passes."""
@@ -481,6 +490,7 @@ def train_demo(out: str | Path, config: DemoConfig = DemoConfig(), threads: int 
     vae, vae_result = train_vae(config, work)
     save_vae(vae, files.vae)
     _add_metadata(files.vae, _stage_metadata(config, vae_result))
+    store_preview_projection(files.vae, config)
 
     bank = CaptionBank(files, training_captions())
     dit, dit_result = train_dit(config, work, vae, bank)
