@@ -177,3 +177,13 @@ def test_checkpoints_every_n_steps_and_removed_when_done(pipeline, tmp_path, one
     assert checkpoints.written
     checkpoints.remove()
     assert not path.exists()
+
+
+def test_a_stop_asked_during_the_last_step_lets_the_run_finish(pipeline, references, tmp_path, one_thread):
+    path = tmp_path / "x.png.state"
+    asked = []
+    result = pipeline.generate(dataclasses.replace(BASE, cache="spectrum"),
+                               on_step=lambda e: asked.append(True) if e.step == STEPS else None,
+                               checkpoints=Checkpoints(path, stop=lambda: bool(asked)))
+    assert asked and np.array_equal(result.latent, references["spectrum"].latent)
+    assert not path.exists()  # nothing left to resume
