@@ -230,6 +230,41 @@ def save_png(image: Any, path: str | os.PathLike, *, overwrite: bool, parameters
         image.save(tmp, format="PNG", pnginfo=info)
 
 
+class Unreadable(Exception):
+    """Why a small file could not be read; the caller names the file in its own words."""
+
+
+def _size(limit: int) -> str:
+    return next(f"{limit >> shift} {unit}" for shift, unit in ((20, "MiB"), (10, "KiB"), (0, "bytes"))
+                if limit >> shift and not limit & ((1 << shift) - 1))
+
+
+def read_small_file(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of a small file a user may have been handed (a manifest, a state, a tokenizer): a regular file
+    of at most `limit` bytes, never more read (a FIFO or a 16 GiB sparse file is not waited on or loaded)."""
+    if not os.path.isfile(path):
+        raise Unreadable("not a regular file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise Unreadable(f"cannot read it: {e.strerror or e}") from None
+    if len(data) > limit:
+        raise Unreadable(f"larger than {_size(limit)}")
+    return data
+
+
+def read_small_json(path: str | os.PathLike, limit: int) -> Any:
+    """read_small_file, parsed as UTF-8 JSON (nesting too deep for the parser is refused too)."""
+    data = read_small_file(path, limit)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise Unreadable("not valid JSON (not UTF-8 text)") from None
+    except (ValueError, RecursionError) as e:
+        raise Unreadable(f"not valid JSON: {e}") from None
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

@@ -19,7 +19,7 @@ import torch
 
 from ..checkpoint import load_tensors, read_metadata, read_shapes, save_tensors
 from ..errors import AnimaError
-from ..files import is_temporary, json_text
+from ..files import Unreadable, is_temporary, json_text, read_small_json
 
 WORK_FOLDER = ".train"
 CONFIG_FILE = "config.json"
@@ -57,12 +57,10 @@ def _as_json(value: object) -> object:
 
 def read_json(path: Path, limit: int = 1 << 16) -> object:
     """A small JSON file train-demo wrote; anything larger or not JSON is refused."""
-    if path.stat().st_size > limit:
-        raise _refuse(path, f"larger than {limit} bytes")
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise _refuse(path, "not valid JSON") from None
+        return read_small_json(path, limit)
+    except Unreadable as e:
+        raise _refuse(path, str(e)) from None
 
 
 def check_work_folder(work: Path) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import AnimaError
-from ..files import is_temporary, output_folder, sha256_file
+from ..files import Unreadable, is_temporary, output_folder, read_small_json, sha256_file
 
 SUBGRAPHS_FORMAT = "anima-rknn-subgraphs/1"
 MANIFEST = "manifest.json"
@@ -190,19 +190,10 @@ def set_file(folder: Path, name: str, at: Field) -> Path:
 def read_json(path: Path, at: Field) -> Any:
     """A small JSON state file; anything else (not a regular file, too large, not UTF-8, not JSON, nested too
     deep) is one line naming it."""
-    if not os.path.isfile(path):
-        at.fail("not a regular file")
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_JSON_BYTES + 1)
-    except OSError as e:
-        at.fail(f"cannot read it: {e.strerror or e}")
-    if len(data) > MAX_JSON_BYTES:
-        at.fail(f"larger than {MAX_JSON_BYTES >> 20} MiB: not a state file of anima-rknn")
-    try:
-        return json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError) as e:  # RecursionError: nested too deep for the parser
-        at.fail(f"not valid JSON: {e}")
+        return read_small_json(path, MAX_JSON_BYTES)
+    except Unreadable as e:
+        at.fail(str(e))
 
 
 def input_shapes(kind: str, *, tokens: int, hidden: int, head_dim: int, context_tokens: int,

@@ -14,7 +14,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
 from ..errors import AnimaError
-from ..files import atomic_path
+from ..files import Unreadable, atomic_path, read_small_file
 from .prompt import parse_prompt_weights
 
 QWEN_EMPTY_TOKEN = "<|endoftext|>"
@@ -44,12 +44,9 @@ def _load(folder: str | os.PathLike, side: str) -> Tokenizer:
     if not path.is_file():
         raise AnimaError(f"{side} tokenizer file not found: {path}")
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_TOKENIZER_BYTES + 1)
-    except OSError as e:
-        raise AnimaError(f"cannot read {side} tokenizer {path}: {e.strerror or e}") from None
-    if len(raw) > MAX_TOKENIZER_BYTES:
-        raise AnimaError(f"cannot read {side} tokenizer {path}: it is over {MAX_TOKENIZER_BYTES // 2**20} MB")
+        raw = read_small_file(path, MAX_TOKENIZER_BYTES)
+    except Unreadable as e:
+        raise AnimaError(f"cannot read {side} tokenizer {path}: {e}") from None
     try:
         tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
     except UnicodeDecodeError:

@@ -9,7 +9,6 @@ The slow way decodes x0 with the VAE itself.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from PIL import Image
 
 from ..checkpoint import fingerprint, read_shapes
 from ..errors import AnimaError
-from ..files import save_png, write_json
+from ..files import Unreadable, read_small_json, save_png, write_json
 from ..sampling.euler import StepEvent
 from .tiling import decode_tiled
 from .wan import WanVAE, WanVAEConfig, load_vae, read_vae_config
@@ -180,19 +179,10 @@ def _numbers(value: object, length: int) -> list[float] | None:
 
 
 def _read_record(path: Path) -> object:
-    if not path.is_file():
-        raise AnimaError(f"{path} is not a regular file")
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_PREVIEW_BYTES + 1)
-    except OSError as e:
-        raise AnimaError(f"cannot read {path}: {e.strerror or e}") from None
-    if len(raw) > MAX_PREVIEW_BYTES:
-        raise AnimaError(f"{path} is larger than a preview projection can be ({MAX_PREVIEW_BYTES} bytes)")
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deep, an integer too long
-        raise AnimaError(f"{path} is not a JSON preview projection") from None
+        return read_small_json(path, MAX_PREVIEW_BYTES)
+    except Unreadable as e:
+        raise AnimaError(f"{path} is not a JSON preview projection: {e}") from None
 
 
 def read_projection(path: str | os.PathLike, vae_path: str | os.PathLike) -> LatentProjection:

@@ -125,7 +125,7 @@ TOKENIZER_CASES = {
                     "cannot read Qwen tokenizer .*: expected value at line 1"),
     "not json": (lambda path: path.write_text('{"model": '), "cannot read Qwen tokenizer"),
     "a JSON list": (lambda path: path.write_text("[]"), "cannot read Qwen tokenizer"),
-    "huge": (lambda path: open(path, "wb").truncate(65 * 2**20), "it is over 64 MB"),  # sparse: nothing written
+    "huge": (lambda path: open(path, "wb").truncate(65 * 2**20), "larger than 64 MiB"),  # sparse: nothing written
 }
 
 

@@ -221,7 +221,7 @@ BAD_FILES = [
     ("not JSON", b"{\"format\": ", "is not a JSON preview projection"),
     ("not UTF-8", b"\xff\xfe{}", "is not a JSON preview projection"),
     ("nested too deep", b"[" * 50_000, "is not a JSON preview projection"),
-    ("too large", b" " * (MAX_PREVIEW_BYTES + 1), "is larger than a preview projection can be"),
+    ("too large", b" " * (MAX_PREVIEW_BYTES + 1), "is not a JSON preview projection: larger than 64 KiB"),
     ("a list", [], "a JSON object with exactly the keys bias, format, matrix, vae_fingerprint"),
     ("missing bias", without("bias"), "exactly the keys"),
     ("an extra key", replaced(extra=1), "exactly the keys"),
@@ -268,7 +268,7 @@ def test_a_folder_or_a_re_saved_vae_is_refused(tmp_path, tiny_set):
         projection_for(vae)
     preview_file(vae).unlink()
     preview_file(vae).mkdir()
-    with pytest.raises(AnimaError, match="is not a regular file"):
+    with pytest.raises(AnimaError, match="not a regular file"):
         projection_for(vae)
 
 
