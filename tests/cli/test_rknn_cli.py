@@ -237,14 +237,20 @@ def test_convert_refuses_a_folder_it_does_not_own(run_cli, tiny_onnx_set, tmp_pa
         assert listing(out) == {name: b'{"format": "someone else\'s"}'}
 
 
-@needs_toolkit
-def test_convert_refuses_a_crafted_progress_file_and_changes_nothing(run_cli, tiny_onnx_set, tmp_path):
+def _progress_folder(tmp_path, source, target: str, done: dict):
+    """An output folder holding a convert-progress.json for `source`, as an interrupted conversion leaves it."""
     out = tmp_path / "rknn"
     out.mkdir()
-    record = {"rknn_file": "../../b00_mlp.rknn", "rknn_sha256": "ab" * 32, "rknn_bytes": 1, "convert_s": 1.0}
     (out / "convert-progress.json").write_text(json.dumps({
-        "source_sha256": sha256_file(tiny_onnx_set / "manifest.json"), "target": "rk3588",
-        "toolkit_version": "2.5.0", "done": {"b00_mlp.rknn": record}}))
+        "source_sha256": sha256_file(source / "manifest.json"), "target": target, "toolkit_version": "2.5.0",
+        "done": done}))
+    return out
+
+
+@needs_toolkit
+def test_convert_refuses_a_crafted_progress_file_and_changes_nothing(run_cli, tiny_onnx_set, tmp_path):
+    record = {"rknn_file": "../../b00_mlp.rknn", "rknn_sha256": "ab" * 32, "rknn_bytes": 1, "convert_s": 1.0}
+    out = _progress_folder(tmp_path, tiny_onnx_set, "rk3588", {"b00_mlp.rknn": record})
     (out / "manifest.json").write_text("an earlier manifest")
     before = listing(out)
     result = run_cli("convert-rknn", "--subgraphs", tiny_onnx_set, "--out", out)
@@ -256,11 +262,7 @@ def test_convert_refuses_a_crafted_progress_file_and_changes_nothing(run_cli, ti
 
 @needs_toolkit
 def test_convert_refuses_the_conversion_of_another_target_without_overwrite(run_cli, tiny_onnx_set, tmp_path):
-    out = tmp_path / "rknn"
-    out.mkdir()
-    (out / "convert-progress.json").write_text(json.dumps({
-        "source_sha256": sha256_file(tiny_onnx_set / "manifest.json"), "target": "rk3576",
-        "toolkit_version": "2.5.0", "done": {}}))
+    out = _progress_folder(tmp_path, tiny_onnx_set, "rk3576", {})
     before = listing(out)
     result = run_cli("convert-rknn", "--subgraphs", tiny_onnx_set, "--out", out)
     assert result.code == 1 and result.err == (f"error: {out} holds the conversion of another set, target or toolkit "
