@@ -17,9 +17,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .checkpoint import read_shapes
+from .checkpoint import fingerprint, read_shapes
 from .engine import BACKENDS, RknnOptions, make_engine, subgraph_manifest
 from .errors import AnimaError
+from .export.manifest import MANIFEST, cached_sha256
 from .memory import available_bytes, return_freed_memory
 from .model.io import load_dit, load_llm_adapter, read_dit_config
 from .model_set import ModelFiles
@@ -222,14 +223,15 @@ class AnimaPipeline:
                 resume: ResumeState | None = None) -> Denoised:
         """The sampler loop on the split engine; `resume` continues a stopped run from its state."""
         params.validate()
+        cache = make_cache(params.cache, params.steps, params.cache_options)
+        if resume is None:
+            first, x, recomputed = 0, initial_noise(params.seed, params.width, params.height), []
+        else:
+            cache.restore(resume.cache_state)
+            first, x, recomputed = resume.step, resume.latent, resume.recomputed
         dit = self._load_dit(params.dtype)
         engine = make_engine(dit, params.backend, subgraphs=params.subgraphs, width=params.width,
                              height=params.height, dit_path=self.files.dit, rknn=params.rknn)
-        cache = make_cache(params.cache, params.steps, params.cache_options)
-        first, x, recomputed = 0, initial_noise(params.seed, params.width, params.height), []
-        if resume is not None:
-            cache.restore(resume.cache_state)
-            first, x, recomputed = resume.step, resume.latent, resume.recomputed
         cfg = params.cfg
 
         def denoise(x: np.ndarray, sigma: float, step: int) -> np.ndarray:
@@ -281,6 +283,16 @@ class AnimaPipeline:
         return plan_tiling(self.vae_config, params.width, params.height, params.vae_tiling, params.vae_tile,
                            available_bytes())
 
+    def fingerprints(self, params: GenerationParams) -> dict[str, str | None]:
+        """What a resume state remembers of the model: the three checkpoint files (checkpoint.fingerprint) and
+        the subgraph set, by its manifest, which holds the sha256 of every file in it (checked by prepare())."""
+        prints: dict[str, str | None] = {"dit": fingerprint(self.files.dit, "DiT"),
+                                         "text_encoder": fingerprint(self.files.text_encoder, "text encoder"),
+                                         "vae": fingerprint(self.files.vae, "VAE"), "subgraphs": None}
+        if params.backend != "torch":
+            prints["subgraphs"] = cached_sha256(Path(params.subgraphs) / MANIFEST)
+        return prints
+
     def generate(self, params: GenerationParams, on_step: StepCallback | None = None, *,
                  checkpoints: Checkpoints | None = None, resume: ResumeState | None = None) -> GenerationResult:
         """encode -> denoise -> decode. `checkpoints` writes resume states as the run goes (and ends it with
@@ -289,17 +301,15 @@ class AnimaPipeline:
         if not isinstance(params, GenerationParams):
             raise AnimaError("generate takes a GenerationParams")
         tile = self.prepare(params)
-        fingerprints = None
-        if checkpoints is not None or resume is not None:
-            from .resume import model_fingerprints  # resume builds on this module
-
-            fingerprints = model_fingerprints(self.files, params.subgraphs)
+        fingerprints = self.fingerprints(params) if checkpoints is not None or resume is not None else None
         if resume is not None:
-            resume.check(params, fingerprints)
+            resume.check_settings(params)
+            resume.check_model(fingerprints, (1, self.dit_config.context_tokens, self.dit_config.context_dim))
             conditioning = resume.conditioning
         else:
             conditioning = self.encode(params.prompt, params.negative, params.dtype)
         if checkpoints is not None:
+            checkpoints.stop_before_denoising(params.steps)
             on_step = checkpoints.listener(params, fingerprints, conditioning, on_step, resume)
         denoised = self.denoise(conditioning, params, on_step=on_step, resume=resume)
         image, decode_s = None, 0.0

@@ -14,11 +14,9 @@ last bits, which would break the promise that a resumed image is identical.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,11 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checkpoint import fingerprint, load_tensors, read_metadata, save_tensors
+from .checkpoint import load_tensors, read_metadata, save_tensors
 from .errors import AnimaError
-from .export.manifest import MANIFEST
-from .model_set import ModelFiles
+from .files import json_text
 from .pipeline import Conditioning, GenerationParams
+from .sampling.caches import make_cache
 from .sampling.euler import StepCallback, StepEvent
 
 STATE_FORMAT = "anima-rknn-resume/1"
@@ -46,25 +44,12 @@ SETTINGS = ("prompt", "negative", "width", "height", "steps", "cfg", "seed", "sh
 
 
 class Interrupted(Exception):
-    """The run stopped after a finished step because a stop was asked for; its state is at `path`."""
+    """The run stopped after a finished step because a stop was asked for; its state is at `path` (None when
+    the stop came before the first step ended: then there is nothing to resume)."""
 
-    def __init__(self, path: Path, step: int, total: int) -> None:
+    def __init__(self, path: Path | None, step: int, total: int) -> None:
         super().__init__(f"stopped after step {step}/{total}")
         self.path, self.step, self.total = path, step, total
-
-
-def model_fingerprints(files: ModelFiles, subgraphs: Path | None) -> dict[str, str | None]:
-    """What a state remembers of the model: the three checkpoint files and the subgraph set, whose manifest holds
-    the sha256 of every file in it (checked whenever the set loads), so the manifest's own hash is enough."""
-    prints: dict[str, str | None] = {"dit": fingerprint(files.dit, "DiT"),
-                                     "text_encoder": fingerprint(files.text_encoder, "text encoder"),
-                                     "vae": fingerprint(files.vae, "VAE"), "subgraphs": None}
-    if subgraphs is not None:
-        try:
-            prints["subgraphs"] = hashlib.sha256((Path(subgraphs) / MANIFEST).read_bytes()).hexdigest()
-        except OSError:
-            raise AnimaError(f"{subgraphs} holds no readable {MANIFEST}") from None
-    return prints
 
 
 def default_state_path(out: Path) -> Path:
@@ -87,16 +72,22 @@ class ResumeState:
     recomputed: list[int]
     denoise_s: float  # denoising time spent before the stop
 
-    def check(self, params: GenerationParams, fingerprints: dict[str, str | None]) -> None:
-        """Refuse, naming the first difference, a state made with other settings or other model files."""
+    def check_settings(self, params: GenerationParams) -> None:
+        """Refuse, naming the first difference, a run asking for other settings than the state was made with."""
         for name in SETTINGS:
             ours, theirs = getattr(self.params, name), getattr(params, name)
             if ours != theirs:
                 raise AnimaError(f"the state was made with {name} {_shown(ours)}, this run asks for {_shown(theirs)}")
+
+    def check_model(self, fingerprints: dict[str, str | None], context_shape: tuple[int, ...]) -> None:
+        """Refuse a state made with other model files or a subgraph set, or whose contexts this DiT cannot take."""
         for name, ours in self.fingerprints.items():
             if ours != fingerprints.get(name):
                 what = "subgraph set" if name == "subgraphs" else name.replace("_", " ") + " file"
                 raise AnimaError(f"the state was made with another {what}")
+        if tuple(self.conditioning.positive.shape) != context_shape:
+            raise AnimaError(f"the state's prompt contexts are {list(self.conditioning.positive.shape)}, this DiT "
+                             f"takes {list(context_shape)}")
 
 
 def _shown(value: object) -> str:
@@ -123,41 +114,59 @@ def write_state(path: Path, params: GenerationParams, fingerprints: dict[str, st
         "params": {name: getattr(params, name) for name in SETTINGS},
         "cache": scalars,
     }
-    save_tensors(tensors, path, {STATE_KEY: json.dumps(record, allow_nan=False)})
+    save_tensors(tensors, path, {STATE_KEY: json_text(record)})
 
 
 class Checkpoints:
     """A step listener that writes the resume state: every `every` steps, or (every=None) after every computed
-    step of a long run; and, when `stop()` turns true, once more before ending the run with Interrupted."""
+    step of a long run; and, when `stop()` turns true, once more before ending the run with Interrupted.
 
-    def __init__(self, path: Path, every: int | None = None, stop: Callable[[], bool] = lambda: False) -> None:
-        if every is not None and (not isinstance(every, int) or every < 1):
+    A periodic checkpoint that cannot be written is passed to `warn` and the run goes on (a full disk should
+    not cost the run it protects); the state written for a stop must succeed or the stop fails loudly."""
+
+    def __init__(self, path: Path, every: int | None = None, stop: Callable[[], bool] = lambda: False,
+                 warn: Callable[[AnimaError], None] | None = None) -> None:
+        if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
             raise AnimaError(f"--checkpoint-every must be a positive number of steps, got {every!r}")
-        self.path, self.every, self.stop = Path(path), every, stop
-        self.written = False
+        self.path, self.every, self.stop, self.warn = Path(path), every, stop, warn
 
     def listener(self, params: GenerationParams, fingerprints: dict[str, str | None], conditioning: Conditioning,
                  on_step: StepCallback | None, resumed: ResumeState | None = None) -> StepCallback:
         recomputed = list(resumed.recomputed) if resumed else []
         spent_before = resumed.denoise_s if resumed else 0.0
-        started = time.perf_counter()
+
+        def write(event: StepEvent) -> None:
+            write_state(self.path, params, fingerprints, event, conditioning, recomputed,
+                        spent_before + event.elapsed_s)
 
         def listen(event: StepEvent) -> None:
-            if on_step is not None:
-                on_step(event)
             if event.recomputed:
                 recomputed.append(event.step)
-            elapsed = time.perf_counter() - started
+            last = event.step == event.total
             due = (event.step % self.every == 0 if self.every is not None
-                   else event.computed and spent_before + elapsed + event.eta_s > LONG_RUN_S)
-            stopping = self.stop() and event.step < event.total
-            if (due or stopping) and event.step < event.total:
-                write_state(self.path, params, fingerprints, event, conditioning, recomputed, spent_before + elapsed)
-                self.written = True
-            if stopping:
+                   else event.computed and spent_before + event.elapsed_s + event.eta_s > LONG_RUN_S)
+            written = False
+            if due and not last:  # first the state, then the listeners that could fail
+                try:
+                    write(event)
+                    written = True
+                except AnimaError as e:
+                    if self.warn is None:
+                        raise
+                    self.warn(e)
+            if on_step is not None:
+                on_step(event)
+            if self.stop() and not last:
+                if not written:
+                    write(event)
                 raise Interrupted(self.path, event.step, event.total)
 
         return listen
+
+    def stop_before_denoising(self, total: int) -> None:
+        """A stop asked for while the models load or the prompt is encoded ends the run now, with nothing to resume."""
+        if self.stop():
+            raise Interrupted(None, 0, total)
 
     def remove(self) -> None:
         """The run finished and its output is written: its state has nothing left to resume."""
@@ -214,8 +223,26 @@ def read_state(path: str | os.PathLike) -> ResumeState:
            for c in contexts):
         raise AnimaError(f"{path}: the resume state's prompt contexts are missing or damaged")
     cache_state = _cache_state(_field(record, "cache", dict), tensors, path)
+    _check_cache(params, cache_state, step, latent.size, path)
     conditioning = Conditioning(torch.from_numpy(contexts[0]), torch.from_numpy(contexts[1]), 0.0)
     return ResumeState(params, fingerprints, step, latent, conditioning, cache_state, recomputed, float(denoise_s))
+
+
+def _check_cache(params: GenerationParams, state: dict[str, Any], step: int, latent_size: int, path: Path) -> None:
+    """The cache state restores into this run's cache at exactly `step` finished steps, every stored x0 the
+    latent's size: checked now, before any model loads, and never more than an AnimaError."""
+    if any(array.size != latent_size for value in state.values() if isinstance(value, list)
+           for array in value if isinstance(array, np.ndarray)):
+        raise AnimaError(f"{path}: the resume state's stored x0 are not the latent's size")
+    cache = make_cache(params.cache, params.steps, params.cache_options)
+    try:
+        cache.restore(state)
+    except AnimaError as e:
+        raise AnimaError(f"{path}: {e}") from None
+    except (TypeError, ValueError, KeyError, AttributeError):
+        raise AnimaError(f"{path}: the resume state's cache state is damaged") from None
+    if len(cache.computed_steps) + len(cache.skipped_steps) != step:
+        raise AnimaError(f"{path}: the resume state's cache state is not at step {step}")
 
 
 def _cache_state(scalars: dict[str, Any], tensors: dict[str, np.ndarray], path: Path) -> dict[str, Any]:

@@ -134,6 +134,10 @@ BAD_STATES = {
     "no context": (None, lambda t: t.pop("context.negative"), "prompt contexts are missing"),
     "extra array": (None, lambda t: t.update({"cache.history.9": t["latent"].flatten().clone()}), "cache arrays"),
     "history shape": (None, lambda t: t.update({"cache.history.0": t["cache.history.0"][:3]}), "stored x0"),
+    "cache behind the step": (lambda r: r.update(step=7), None, "not at step 7"),
+    "scalar for a list": (lambda r: r["cache"].update(computed={"value": 5}), None, "cache state"),
+    "context shape": (None, lambda t: t.update({f"context.{side}": t[f"context.{side}"][:, :3].clone()
+                                                for side in ("positive", "negative")}), "prompt contexts are"),
 }
 
 
@@ -172,9 +176,9 @@ def test_checkpoints_every_n_steps_and_removed_when_done(pipeline, tmp_path, one
     pipeline.generate(dataclasses.replace(BASE, cache="spectrum"),
                       on_step=lambda e: written.append(read_state(path).step) if path.exists() else None,
                       checkpoints=checkpoints)
-    # The listener sees the state of the step before (it runs first); each checkpoint is a whole, valid state.
+    # The state is written before the other listeners run; each checkpoint is a whole, valid state.
     assert sorted(set(written)) == [4, 8]
-    assert checkpoints.written
+    assert path.exists()
     checkpoints.remove()
     assert not path.exists()
 
@@ -187,3 +191,21 @@ def test_a_stop_asked_during_the_last_step_lets_the_run_finish(pipeline, referen
                                checkpoints=Checkpoints(path, stop=lambda: bool(asked)))
     assert asked and np.array_equal(result.latent, references["spectrum"].latent)
     assert not path.exists()  # nothing left to resume
+
+
+def test_a_stop_before_the_first_step_leaves_nothing_to_resume(pipeline, tmp_path):
+    with pytest.raises(Interrupted) as stopped:
+        pipeline.generate(BASE, checkpoints=Checkpoints(tmp_path / "x.png.state", stop=lambda: True))
+    assert stopped.value.path is None and stopped.value.step == 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_checkpoint_that_cannot_be_written_warns_and_the_run_goes_on(pipeline, references, tmp_path, one_thread):
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    warnings = []
+    checkpoints = Checkpoints(folder / "x.png.state", every=2, warn=warnings.append)
+    folder.rmdir()  # the disk went away
+    result = pipeline.generate(dataclasses.replace(BASE, cache="spectrum"), checkpoints=checkpoints)
+    assert np.array_equal(result.latent, references["spectrum"].latent)
+    assert len(warnings) == 5 and all(isinstance(w, AnimaError) for w in warnings)

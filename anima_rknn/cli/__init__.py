@@ -32,7 +32,8 @@ def main() -> None:
     from . import commands  # noqa: F401  (registers the commands)
 
     for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _raise_terminated)
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup and friends stay in force
+            signal.signal(signum, _raise_terminated)
     try:
         cli.main(standalone_mode=False)
     except AnimaError as e:
@@ -59,7 +60,7 @@ _KILLED = {
 }
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(watcher: int) -> None:
     """Linux: SIGTERM this process when the watcher dies (so a killed watcher leaves no orphan working on)."""
     import ctypes
     import ctypes.util
@@ -68,6 +69,8 @@ def _die_with_parent() -> None:
     if libc_name and sys.platform.startswith("linux"):
         pr_set_pdeathsig = 1
         ctypes.CDLL(libc_name).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != watcher:  # it died before the request above took effect
+        os._exit(128 + signal.SIGTERM)
 
 
 def run() -> None:
@@ -76,21 +79,34 @@ def run() -> None:
     Model files are memory-mapped; one truncated on disk while mapped kills the process with SIGBUS, which
     Python cannot catch. The watcher turns that (and the OOM killer's SIGKILL) into one error line and exit
     code 1 instead of a bare "Bus error". It forks before torch is imported, so the fork is cheap and safe.
+    The worker has its own process group, so a terminal's Ctrl-C reaches it once, through the watcher.
     """
+    forwarded = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is not signal.SIG_IGN]
+    job_control = (signal.SIGTSTP, signal.SIGCONT)
+    # Held back until the watcher's handlers are in place, so that none lands on a default handler.
+    signal.pthread_sigmask(signal.SIG_BLOCK, [*forwarded, *job_control])
+    watcher = os.getpid()
     child = os.fork()
     if child == 0:
-        # Its own process group: a signal reaches it once, through the watcher, and a dying watcher takes it along.
         os.setpgid(0, 0)
-        _die_with_parent()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [*forwarded, *job_control])
+        _die_with_parent(watcher)
         main()
         sys.exit(0)
 
     def forward(signum: int, frame: object) -> None:
         os.kill(child, signum)
 
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    def suspend(signum: int, frame: object) -> None:  # Ctrl-Z: stop the worker too, then this process
+        os.kill(child, signal.SIGSTOP)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    for signum in forwarded:
         signal.signal(signum, forward)
-    _, status = os.waitpid(child, 0)
+    signal.signal(signal.SIGTSTP, suspend)
+    signal.signal(signal.SIGCONT, forward)  # fg / bg: the worker goes on too
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [*forwarded, *job_control])
+    _, status = os.waitpid(child, 0)  # retried by Python after every forwarded signal
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
         reason = _KILLED.get(signum, f"killed by {signal.Signals(signum).name}; no output was written")

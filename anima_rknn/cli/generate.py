@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import shlex
 import signal
 import sys
@@ -13,10 +14,10 @@ from click.core import ParameterSource
 from tqdm import tqdm
 
 from ..errors import AnimaError
-from ..files import check_name, check_output_file, json_text, save_png
+from ..files import check_output_file, json_text, save_png
 from ..model_set import resolve
 from ..pipeline import MAX_STEPS, AnimaPipeline, GenerationParams, GenerationResult, png_parameters
-from ..resume import SETTINGS, Checkpoints, Interrupted, ResumeState, default_state_path, output_of_state, read_state
+from ..resume import SETTINGS, STATE_SUFFIX, Checkpoints, Interrupted, ResumeState, default_state_path, output_of_state, read_state
 from ..sampling.caches import CACHE_NAMES, OPTION_TYPES, parse_cache_options
 from ..sampling.euler import StepCallback, StepEvent
 from ..vae.preview import PreviewWriter
@@ -117,10 +118,18 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
     state_path = Path(state) if state else default_state_path(out_path)
     if resumed is None or state_path.resolve() != Path(resume_path).resolve():
         check_state_file(state_path, overwrite)
+    # A resumed run takes over its own earlier preview.
     previews = preview_listener(preview, out_path, files.vae, preview_every, preview_vae, params.vae_tile,
-                                overwrite)
+                                overwrite or resumed is not None)
     pipeline = AnimaPipeline(files)
-    checkpoints = Checkpoints(state_path, checkpoint_every, stop=lambda: bool(stops))
+    warned: set[str] = set()
+
+    def warn_once(e: AnimaError) -> None:
+        if str(e) not in warned:
+            warned.add(str(e))
+            click.echo(f"\nwarning: checkpoint not written (the run goes on): {e}", err=True)
+
+    checkpoints = Checkpoints(state_path, checkpoint_every, stop=lambda: bool(stops), warn=warn_once)
 
     bars: list[tqdm] = []  # opened at the first step, so that an error before it prints no empty bar
 
@@ -143,7 +152,8 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
         for bar in bars:
             bar.close()
     if stopped is not None:
-        click.echo(f"stopped after step {stopped.step}/{stopped.total}; resume with: anima-rknn generate "
+        click.echo("stopped before the first step; nothing to resume" if stopped.path is None else
+                   f"stopped after step {stopped.step}/{stopped.total}; resume with: anima-rknn generate "
                    f"--resume {shlex.quote(str(stopped.path))}", err=True)
         sys.exit(128 + stops[0])
 
@@ -177,7 +187,7 @@ def settings_from_state(params: GenerationParams, resumed: ResumeState, given: s
     keep = {name for name in SETTINGS
             if _FLAG_OF.get(name, name) in given or (name == "cache_options" and cache_flags & given)}
     merged = dataclasses.replace(params, **{name: getattr(resumed.params, name) for name in SETTINGS if name not in keep})
-    resumed.check(merged, resumed.fingerprints)  # settings only here; the model files are checked by the pipeline
+    resumed.check_settings(merged)
     return merged
 
 
@@ -198,7 +208,7 @@ def preview_listener(preview: str | None, out: Path, vae: Path, every: int, vae_
             return
         try:
             writer(event)
-        except AnimaError as e:
+        except Exception as e:  # anything, a VAE decode out of memory too: the run matters more
             failed.append(str(e))
             click.echo(f"\nwarning: previews stopped: {e}", err=True)
 
@@ -206,11 +216,12 @@ def preview_listener(preview: str | None, out: Path, vae: Path, every: int, vae_
 
 
 def check_state_file(path: Path, overwrite: bool) -> None:
-    """A new run must not replace a stopped run's state unasked: that would throw its work away."""
-    check_name(path)
+    """Where the resume state goes must be writable now, not after minutes of work; and a new run must not
+    replace a stopped run's state unasked: that would throw its work away."""
     if path.exists() and not overwrite:
         raise AnimaError(f"{path} holds a stopped run: continue it with --resume {shlex.quote(str(path))}, "
                          "or pass --overwrite to start over")
+    check_output_file(path, overwrite=True, suffixes=(STATE_SUFFIX,))
 
 
 @contextlib.contextmanager
@@ -218,15 +229,22 @@ def stop_on_signals() -> Iterator[list[int]]:
     """The first SIGINT/SIGTERM/SIGHUP asks the run to stop after its current step (the list gets the signal's
     number); a second one aborts at once, as the handlers outside this block would."""
     stops: list[int] = []
-    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    # Signals the user chose to ignore (nohup, a background job) stay ignored.
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+             if signal.getsignal(signum) is not signal.SIG_IGN}
 
     def request_stop(signum: int, frame: object) -> None:
         if stops:
-            signal.signal(signum, saved[signum])
-            signal.raise_signal(signum)
-            return
+            if signum == signal.SIGINT:  # a second Ctrl-C: the user means it
+                signal.signal(signum, saved[signum])
+                signal.raise_signal(signum)
+            return  # a repeated SIGTERM/SIGHUP (systemd signals every process of the unit) changes nothing
         stops.append(signum)
-        click.echo(f"\n{signal.Signals(signum).name}: stopping after this step (again to abort at once)", err=True)
+        # os.write, not click.echo: a handler must not re-enter a buffered stream (tqdm may be writing to it),
+        # and on a hung-up terminal the write fails, which must not end the run.
+        with contextlib.suppress(OSError):
+            os.write(2, f"\n{signal.Signals(signum).name}: stopping after this step "
+                        "(Ctrl-C again to abort at once)\n".encode())
 
     for signum in saved:
         signal.signal(signum, request_stop)

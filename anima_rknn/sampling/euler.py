@@ -33,6 +33,7 @@ class StepEvent:
     computed: bool  # the model ran on this step (False: a forecast was used)
     recomputed: bool  # a non-finite forecast was refused and the model ran instead
     seconds: float  # wall time of this step
+    elapsed_s: float  # wall time of this call's steps so far (a resumed run counts from where it resumed)
     eta_s: float  # seconds left at this run's mean step time so far
     cache_state: dict[str, Any]  # the cache after this step, for a resume (CachePolicy.state())
 
@@ -108,6 +109,6 @@ def sample_euler(denoise: Denoiser, x: np.ndarray, sigmas: np.ndarray, cache: Ca
             now = time.perf_counter()
             done = step - start
             callback(StepEvent(step, total, sigma, sigma_next, x, x0, not skipped, refused, now - started,
-                               (now - began) / done * (total - step), cache.state()))
+                               now - began, (now - began) / done * (total - step), cache.state()))
     return SampleResult(latent=x, computed_steps=cache.computed_steps, skipped_steps=cache.skipped_steps,
                         recomputed_steps=recomputed, model_calls=model_calls, finite=bool(np.isfinite(x).all()))

@@ -136,7 +136,9 @@ def test_the_real_vae_gets_the_published_factors_and_others_a_fit(tmp_path, tiny
     assert np.array_equal(projection_for(real).matrix, published_wan21().matrix)
     copy = tmp_path / "tiny.safetensors"
     shutil.copy(tiny_set.vae, copy)  # no stored file beside it: fitted on the spot, as make-tiny fitted it
-    assert np.array_equal(projection_for(copy).matrix, read_projection(preview_file(tiny_set.vae), tiny_set.vae).matrix)
+    # The same fit up to the last bits of the VAE's decodes (torch's reductions follow its thread count).
+    np.testing.assert_allclose(projection_for(copy).matrix,
+                               read_projection(preview_file(tiny_set.vae), tiny_set.vae).matrix, rtol=1e-4, atol=1e-7)
 
 
 # ---- fitting ------------------------------------------------------------------------------------------------
@@ -164,14 +166,20 @@ def test_the_shipped_demo_projection_is_what_train_demo_stores(demo_files, tmp_p
     copy = tmp_path / demo_files.vae.name
     shutil.copy(demo_files.vae, copy)
     config = DemoConfig.from_json(read_metadata(copy, "VAE")[META_PREFIX + "config"])
-    stored = store_preview_projection(copy, config)
-    assert json.loads(stored.read_text()) == json.loads(preview_file(demo_files.vae).read_text())
+    rebuilt = json.loads(store_preview_projection(copy, config).read_text())
+    shipped = json.loads(preview_file(demo_files.vae).read_text())
+    assert {k: v for k, v in rebuilt.items() if k not in ("matrix", "bias")} == {
+        k: v for k, v in shipped.items() if k not in ("matrix", "bias")}
+    for key in ("matrix", "bias"):  # equal up to the last bits of the decodes, which follow torch's thread count
+        np.testing.assert_allclose(rebuilt[key], shipped[key], rtol=1e-4, atol=1e-7)
 
 
 def test_make_tiny_stores_the_fitted_projection(tiny_set):
     stored = read_projection(preview_file(tiny_set.vae), tiny_set.vae)
     fitted = fit_file(tiny_set.vae)
-    assert np.array_equal(stored.matrix, fitted.matrix) and np.array_equal(stored.bias, fitted.bias)
+    # Equal up to the last bits of the decodes, which follow torch's thread count.
+    np.testing.assert_allclose(stored.matrix, fitted.matrix, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(stored.bias, fitted.bias, rtol=1e-4, atol=1e-7)
 
 
 def test_a_vae_file_without_encoder_is_fitted_on_noise(tmp_path, tiny_set):
