@@ -18,6 +18,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -61,16 +62,21 @@ def check_name(path: str | os.PathLike) -> Path:
     return path
 
 
-def check_output_file(path: str | os.PathLike, *, overwrite: bool, suffixes: Iterable[str]) -> Path:
-    """Everything that can be known about writing `path` before the work starts."""
+def _check_target(path: str | os.PathLike, overwrite: bool) -> Path:
     path = check_name(path)
-    suffixes = tuple(suffixes)
-    if path.suffix.lower() not in suffixes:
-        raise AnimaError(f"the output must be a {' or '.join(suffixes)} file, got {path}")
     if path.is_dir():
         raise AnimaError(f"{path} is a folder, not a file")
     if path.exists() and not overwrite:
         raise AnimaError(f"{path} exists; pass --overwrite to replace it")
+    return path
+
+
+def check_output_file(path: str | os.PathLike, *, overwrite: bool, suffixes: Iterable[str]) -> Path:
+    """Everything that can be known about writing `path` before the work starts."""
+    suffixes = tuple(suffixes)
+    if Path(path).suffix.lower() not in suffixes:
+        raise AnimaError(f"the output must be a {' or '.join(suffixes)} file, got {path}")
+    path = _check_target(path, overwrite)
     if path.exists() and not path.is_file():
         raise AnimaError(f"{path} exists and is not a regular file; it is not replaced")
     folder = _folder_of(path)
@@ -105,17 +111,14 @@ def _publish(tmp: Path, target: Path, overwrite: bool) -> None:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, *, overwrite: bool) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, *, overwrite: bool, durable: bool = True) -> Iterator[Path]:
     """Yield a temporary path beside `path`; publish it as `path` only if the block succeeds.
 
     Without `overwrite` an existing `path` is never replaced, even one that appears while the block runs.
-    A write error (disk full, file too large, read-only file system) becomes one AnimaError line.
+    A write error (disk full, file too large, read-only file system) becomes one AnimaError line. `durable`
+    flushes the file to the disk around the publish (off only for scratch files rewritten every step).
     """
-    target = check_name(path)
-    if target.is_dir():
-        raise AnimaError(f"{target} is a folder, not a file")
-    if target.exists() and not overwrite:
-        raise AnimaError(f"{target} exists; pass --overwrite to replace it")
+    target = _check_target(path, overwrite)
     folder = _folder_of(target)
     if not folder.is_dir():
         raise AnimaError(f"cannot write {target}: folder {folder} does not exist")
@@ -126,9 +129,11 @@ def atomic_path(path: str | os.PathLike, *, overwrite: bool) -> Iterator[Path]:
         os.close(fd)
         yield tmp
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
-        _sync(tmp)
+        if durable:
+            _sync(tmp)
         _publish(tmp, target, overwrite)
-        _sync(folder)
+        if durable:
+            _sync(folder)
     except OSError as e:
         raise AnimaError(f"cannot write {target}: {e.strerror or e}") from None
     finally:
@@ -219,14 +224,15 @@ def write_json(path: str | os.PathLike, value: Any, *, overwrite: bool) -> None:
         tmp.write_text(json_text(value, indent=1) + "\n", encoding="utf-8")
 
 
-def save_png(image: Any, path: str | os.PathLike, *, overwrite: bool, parameters: str | None = None) -> None:
+def save_png(image: Any, path: str | os.PathLike, *, overwrite: bool, parameters: str | None = None,
+             durable: bool = True) -> None:
     """A PIL image as PNG, with the A1111/ComfyUI `parameters` text chunk that image tools read back."""
     from PIL import PngImagePlugin
 
     info = PngImagePlugin.PngInfo()
     if parameters is not None:
         info.add_text("parameters", parameters)
-    with atomic_path(path, overwrite=overwrite) as tmp:
+    with atomic_path(path, overwrite=overwrite, durable=durable) as tmp:
         image.save(tmp, format="PNG", pnginfo=info)
 
 
@@ -242,13 +248,20 @@ def _size(limit: int) -> str:
 def read_small_file(path: str | os.PathLike, limit: int) -> bytes:
     """The bytes of a small file a user may have been handed (a manifest, a state, a tokenizer): a regular file
     of at most `limit` bytes, never more read (a FIFO or a 16 GiB sparse file is not waited on or loaded)."""
-    if not os.path.isfile(path):
-        raise Unreadable("not a regular file")
     try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
+        # Non-blocking, then checked on the open file: a FIFO swapped in after a look would block a plain open.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
-        raise Unreadable(f"cannot read it: {e.strerror or e}") from None
+        raise Unreadable("not a regular file" if e.errno in (errno.ENOENT, errno.EISDIR, errno.ENXIO)
+                         else f"cannot read it: {e.strerror or e}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Unreadable("not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise Unreadable(f"cannot read it: {e.strerror or e}") from None
     if len(data) > limit:
         raise Unreadable(f"larger than {_size(limit)}")
     return data

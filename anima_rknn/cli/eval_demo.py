@@ -9,6 +9,7 @@ import click
 from ..demo import demo_model_dir
 from ..demo.evaluate import adherence, adherence_table, contact_sheet, generate_images, judge, prompt_set
 from ..files import check_output_file, json_text, save_png
+from ..pipeline import resolve_seed
 from ..sampling.caches import CACHE_NAMES
 from . import cli
 from .options import FINITE
@@ -21,7 +22,7 @@ from .options import FINITE
               help="Prompts in the fixed set; every third one is a held-out colour pair.")
 @click.option("--steps", type=int, default=20, show_default=True)
 @click.option("--cfg", type=FINITE, default=4.0, show_default=True)
-@click.option("--seed", type=int, default=1000, show_default=True, help="Prompt i uses seed + i.")
+@click.option("--seed", type=int, default=1000, show_default=True, help="Prompt i uses seed + i; -1 draws the first at random.")
 @click.option("--cache", type=click.Choice(CACHE_NAMES), default="none", show_default=True)
 @click.option("--sheet", type=click.Path(dir_okay=False), default="demo_sheet.png", show_default=True,
               help="Contact sheet PNG with every picture and its prompt.")
@@ -33,7 +34,8 @@ def eval_demo(model: str | None, count: int, steps: int, cfg: float, seed: int, 
     sheet_path = check_output_file(sheet, overwrite=overwrite, suffixes=(".png",))  # before minutes of work
     specs = prompt_set(count)
     model_dir = Path(model) if model else demo_model_dir()
-    images = generate_images(model_dir, specs, steps=steps, cfg=cfg, seed=seed, cache=cache, progress=True)
+    images = generate_images(model_dir, specs, steps=steps, cfg=cfg, seed=resolve_seed(seed), cache=cache,
+                             progress=True)
     judged = judge(specs, images)
     click.echo(adherence_table(judged))
     save_png(contact_sheet(judged), sheet_path, overwrite=overwrite)

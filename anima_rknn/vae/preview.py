@@ -13,6 +13,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -22,9 +23,11 @@ from PIL import Image
 from ..checkpoint import fingerprint, read_shapes
 from ..errors import AnimaError
 from ..files import Unreadable, read_small_json, save_png, write_json
-from ..sampling.euler import StepEvent
 from .tiling import decode_tiled
 from .wan import WanVAE, WanVAEConfig, load_vae, read_vae_config
+
+if TYPE_CHECKING:  # the sampler's record, read duck-typed: this layer does not import the sampler
+    from ..sampling.euler import StepEvent
 
 PREVIEW_FORMAT = "anima-rknn-preview/1"
 PREVIEW_SUFFIX = ".preview.json"
@@ -272,5 +275,5 @@ class PreviewWriter:
         if event.step % self.every and event.step != event.total:
             return
         started = time.perf_counter()
-        save_png(self.render(event.x0), self.path, overwrite=True)
+        save_png(self.render(event.x0), self.path, overwrite=True, durable=False)  # scratch: no fsync per step
         self.seconds += time.perf_counter() - started
