@@ -1,0 +1,282 @@
+"""The HTTP APIs over one JobQueue: AUTOMATIC1111's /sdapi/v1, OpenAI's /v1/images, and native async jobs.
+
+Every API only translates a request into GenerationParams and a job, and a job into its answer: the checks,
+the queue and the pictures are the layer below. A bad request is a 4xx with a one-line message, never a 500 or a
+traceback; no request field names a file on the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import math
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ..errors import AnimaError
+from ..pipeline import GenerationParams, png_parameters
+from ..sampling.caches import CACHE_NAMES
+from .jobs import FINISHED, Job, JobQueue, QueueFull
+
+SAMPLERS = ("Euler", "euler", "k_euler", "Euler (flow)", "euler_flow")  # one sampler, its usual spellings
+MAX_BODY_BYTES = 1 << 20
+MAX_IMAGES = 8  # batch_size * n_iter, n
+
+
+class BadRequest(AnimaError):
+    pass
+
+
+def _number(body: dict[str, Any], key: str, default: Any) -> Any:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or isinstance(value, float) and not math.isfinite(value):
+        raise BadRequest(f"{key} must be a finite number, got {json.dumps(value)[:40]}")
+    return value
+
+
+def _text(body: dict[str, Any], key: str, default: str) -> str:
+    value = body.get(key, default)
+    if not isinstance(value, str):
+        raise BadRequest(f"{key} must be a string")
+    return value
+
+
+def _cache(body: dict[str, Any], default: str) -> tuple[str, dict[str, Any]]:
+    cache = _text(body, "cache", default)
+    if cache not in CACHE_NAMES:
+        raise BadRequest(f"cache must be one of {', '.join(CACHE_NAMES)}")
+    options = body.get("cache_options") or {}
+    if not isinstance(options, dict):
+        raise BadRequest("cache_options must be an object")
+    return cache, options
+
+
+class Server:
+    """Holds the queue and the server-wide defaults; builds the FastAPI app."""
+
+    def __init__(self, queue: JobQueue, *, default_cache: str = "none", max_side: int = 1024, max_steps: int = 150,
+                 model_name: str = "anima", engine: dict[str, Any] | None = None) -> None:
+        self.queue, self.default_cache = queue, default_cache
+        self.engine = dict(engine or {})  # backend, subgraphs, dtype, rknn: the server's, never a request's
+        self.max_side, self.max_steps, self.model_name = max_side, max_steps, model_name
+
+    # ---- requests -> params -------------------------------------------------------------------------------
+
+    def params(self, body: dict[str, Any], *, prompt_key: str = "prompt") -> GenerationParams:
+        width, height = int(_number(body, "width", 512)), int(_number(body, "height", 512))
+        steps = int(_number(body, "steps", 20))
+        if not (16 <= width <= self.max_side and 16 <= height <= self.max_side):
+            raise BadRequest(f"width and height must be from 16 to {self.max_side}")
+        if not 1 <= steps <= self.max_steps:
+            raise BadRequest(f"steps must be from 1 to {self.max_steps}")
+        cache, options = _cache(body, self.default_cache)
+        params = GenerationParams(
+            prompt=_text(body, prompt_key, ""), negative=_text(body, "negative_prompt", GenerationParams.negative),
+            width=width, height=height, steps=steps, cfg=float(_number(body, "cfg_scale", 4.0)),
+            seed=int(_number(body, "seed", -1)), cache=cache, cache_options=options, **self.engine)
+        params.validate()
+        return params
+
+    def _submit_many(self, params: GenerationParams, count: int) -> list[Job]:
+        """`count` jobs, consecutive seeds as WebUI does for a batch."""
+        if not 1 <= count <= MAX_IMAGES:
+            raise BadRequest(f"at most {MAX_IMAGES} images per request")
+        return [self.queue.submit(GenerationParams(**{**vars(params), "seed": (params.seed + i) % 2**64}))
+                for i in range(count)]
+
+    async def _wait(self, jobs: list[Job]) -> list[Job]:
+        for job in jobs:
+            while not job.done.is_set():
+                await asyncio.sleep(0.05)
+        return jobs
+
+    def _png_b64(self, job: Job) -> str:
+        return base64.b64encode(self.queue.image_path(job).read_bytes()).decode()
+
+    # ---- the app ------------------------------------------------------------------------------------------
+
+    def app(self) -> FastAPI:
+        app = FastAPI(title="anima-rknn", docs_url=None, redoc_url=None)
+        queue = self.queue
+
+        @app.middleware("http")
+        async def limit_body(request: Request, call_next):
+            if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
+                return JSONResponse({"error": f"request body over {MAX_BODY_BYTES} bytes"}, status_code=413)
+            return await call_next(request)
+
+        @app.exception_handler(AnimaError)
+        async def anima_error(request: Request, e: AnimaError):
+            return JSONResponse({"error": str(e)}, status_code=429 if isinstance(e, QueueFull) else 400)
+
+        @app.exception_handler(RequestValidationError)
+        async def invalid(request: Request, e: RequestValidationError):
+            first = e.errors()[0] if e.errors() else {}
+            return JSONResponse({"error": f"invalid request: {first.get('msg', 'malformed')}"}, status_code=422)
+
+        async def json_body(request: Request) -> dict[str, Any]:
+            try:
+                body = json.loads(await request.body() or b"{}")
+            except (ValueError, RecursionError):
+                raise BadRequest("the request body is not valid JSON") from None
+            if not isinstance(body, dict):
+                raise BadRequest("the request body must be a JSON object")
+            return body
+
+        def job_or_404(job_id: str) -> Job:
+            job = queue.get(job_id)
+            if job is None:
+                raise JobNotFound(job_id)
+            return job
+
+        @app.exception_handler(JobNotFound)
+        async def not_found(request: Request, e: JobNotFound):
+            return JSONResponse({"error": f"no job {e.args[0][:40]!r}"}, status_code=404)
+
+        # -- AUTOMATIC1111 ----------------------------------------------------------------------------------
+        @app.post("/sdapi/v1/txt2img")
+        async def txt2img(request: Request):
+            body = await json_body(request)
+            sampler = body.get("sampler_name") or body.get("sampler_index") or "Euler"
+            if sampler not in SAMPLERS:
+                raise BadRequest(f"unknown sampler {str(sampler)[:40]!r}; this server has: {', '.join(SAMPLERS)}")
+            params = self.params(body)
+            count = int(_number(body, "batch_size", 1)) * int(_number(body, "n_iter", 1))
+            jobs = await self._wait(self._submit_many(params, count))
+            failed = next((job for job in jobs if job.state != "completed"), None)
+            if failed is not None:
+                return JSONResponse({"error": failed.error or f"job {failed.state}"}, status_code=500
+                                    if failed.state == "failed" else 409)
+            infotexts = [self._infotext(job) for job in jobs]
+            seeds = [job.params.seed for job in jobs]
+            info = {"prompt": params.prompt, "negative_prompt": params.negative, "seed": seeds[0], "all_seeds": seeds,
+                    "width": params.width, "height": params.height, "steps": params.steps,
+                    "cfg_scale": params.cfg, "sampler_name": "Euler", "infotexts": infotexts,
+                    "sd_model_name": self.model_name, "cache": params.cache}
+            return {"images": [self._png_b64(job) for job in jobs], "parameters": body, "info": json.dumps(info)}
+
+        @app.get("/sdapi/v1/progress")
+        async def progress():
+            job = queue.current
+            if job is None:
+                return {"progress": 0.0, "eta_relative": 0.0, "current_image": None, "textinfo": None,
+                        "state": {"sampling_step": 0, "sampling_steps": 0, "job_count": 0, "interrupted": False}}
+            return {"progress": job.step / job.params.steps, "eta_relative": job.eta_s or 0.0,
+                    "current_image": base64.b64encode(job.preview).decode() if job.preview else None,
+                    "textinfo": None,
+                    "state": {"sampling_step": job.step, "sampling_steps": job.params.steps,
+                              "job_count": 1 + len([j for j in queue.recent() if j.state == "queued"]),
+                              "interrupted": job.cancel.is_set(), "job": job.id}}
+
+        @app.post("/sdapi/v1/interrupt")
+        async def interrupt():
+            if queue.current is not None:
+                queue.cancel(queue.current)
+            return {}
+
+        @app.get("/sdapi/v1/sd-models")
+        async def sd_models():
+            return [{"title": self.model_name, "model_name": self.model_name, "filename": self.model_name}]
+
+        @app.get("/sdapi/v1/samplers")
+        async def samplers():
+            return [{"name": "Euler", "aliases": list(SAMPLERS[1:]), "options": {}}]
+
+        @app.get("/sdapi/v1/schedulers")
+        async def schedulers():
+            return [{"name": "simple", "label": "Simple"}]
+
+        @app.get("/sdapi/v1/options")
+        async def options():
+            return {"sd_model_checkpoint": self.model_name}
+
+        # -- OpenAI -----------------------------------------------------------------------------------------
+        @app.get("/v1/models")
+        async def models():
+            return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "anima-rknn"}]}
+
+        @app.post("/v1/images/generations")
+        async def images(request: Request):
+            body = await json_body(request)
+            size = _text(body, "size", "512x512")
+            try:
+                width, height = (int(side) for side in size.lower().split("x"))
+            except ValueError:
+                raise BadRequest(f"size must be WIDTHxHEIGHT, got {size[:20]!r}") from None
+            if body.get("response_format", "b64_json") != "b64_json":
+                raise BadRequest("response_format must be b64_json (this server keeps no public URLs)")
+            params = self.params({**body, "width": width, "height": height})
+            jobs = await self._wait(self._submit_many(params, int(_number(body, "n", 1))))
+            failed = next((job for job in jobs if job.state != "completed"), None)
+            if failed is not None:
+                return JSONResponse({"error": {"message": failed.error or f"job {failed.state}"}}, status_code=500)
+            return {"created": int(jobs[0].created), "data": [{"b64_json": self._png_b64(job),
+                                                              "revised_prompt": job.params.prompt} for job in jobs]}
+
+        # -- native jobs ------------------------------------------------------------------------------------
+        @app.post("/api/jobs")
+        async def submit(request: Request):
+            job = queue.submit(self.params(await json_body(request)))
+            return job.status(queue.position(job))
+
+        @app.get("/api/jobs")
+        async def recent():
+            return [job.status(queue.position(job)) for job in queue.recent()]
+
+        @app.get("/api/jobs/{job_id}")
+        async def status(job_id: str):
+            job = job_or_404(job_id)
+            return job.status(queue.position(job))
+
+        @app.post("/api/jobs/{job_id}/cancel")
+        async def cancel(job_id: str):
+            job = job_or_404(job_id)
+            queue.cancel(job)
+            return job.status(queue.position(job))
+
+        @app.get("/api/jobs/{job_id}/image")
+        async def image(job_id: str):
+            job = job_or_404(job_id)
+            if job.state != "completed":
+                return JSONResponse({"error": f"job is {job.state}"}, status_code=409)
+            return Response(self.queue.image_path(job).read_bytes(), media_type="image/png")
+
+        @app.get("/api/jobs/{job_id}/preview")
+        async def preview(job_id: str):
+            job = job_or_404(job_id)
+            if job.preview is None:
+                return JSONResponse({"error": "no preview yet"}, status_code=404)
+            return Response(job.preview, media_type="image/png")
+
+        @app.get("/api/jobs/{job_id}/events")
+        async def events(job_id: str):
+            job = job_or_404(job_id)
+
+            async def stream():
+                last = None
+                while True:
+                    status = job.status(queue.position(job))
+                    snapshot = (status["state"], status["step"], status["queue_position"])
+                    if snapshot != last:
+                        last = snapshot
+                        yield f"data: {json.dumps(status)}\n\n"
+                    if job.state in FINISHED:
+                        return
+                    await asyncio.sleep(0.1)
+
+            return StreamingResponse(stream(), media_type="text/event-stream")
+
+        return app
+
+    def _infotext(self, job: Job) -> str:
+        return png_parameters(job.params, self.model_name)
+
+
+class JobNotFound(Exception):
+    pass

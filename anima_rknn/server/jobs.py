@@ -1,0 +1,209 @@
+"""The job queue under every HTTP API: one generation at a time, FIFO, persisted, cancellable, resumable.
+
+Jobs live in SQLite (`data_dir/jobs.sqlite`) and their images and resume states in `data_dir`, so a restarted
+server finds every job again: queued ones run, and the one that was running resumes from its last checkpoint.
+The worker is one thread: one NPU, one set of CPU cores. Every job runs through AnimaPipeline.generate with its
+step events (progress, ETA, a live preview) and its checkpoints (cancel = a stop at the next step boundary).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from ..errors import AnimaError
+from ..files import output_folder, save_png
+from ..pipeline import AnimaPipeline, GenerationParams, GenerationResult, png_parameters
+from ..resume import SETTINGS, Checkpoints, Interrupted, read_state
+from ..sampling.euler import StepEvent
+from ..vae.preview import projection_for
+
+STATES = ("queued", "generating", "completed", "failed", "cancelled")
+FINISHED = ("completed", "failed", "cancelled")
+
+
+class QueueFull(AnimaError):
+    """The queue holds its maximum of waiting jobs."""
+
+
+@dataclasses.dataclass
+class Job:
+    id: str
+    params: GenerationParams
+    created: float
+    state: str = "queued"
+    step: int = 0
+    eta_s: float | None = None
+    error: str | None = None
+    summary: dict[str, Any] | None = None  # computed/skipped steps, passes, timings: once completed
+    preview: bytes | None = None  # PNG of the latest step's x0 while generating
+    cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    def status(self, position: int | None) -> dict[str, Any]:
+        return {"id": self.id, "state": self.state, "queue_position": position, "step": self.step,
+                "steps": self.params.steps, "eta_s": self.eta_s, "error": self.error, "created": self.created,
+                "seed": self.params.seed, "params": {name: getattr(self.params, name) for name in SETTINGS},
+                "result": self.summary}
+
+
+def summary_of(result: GenerationResult) -> dict[str, Any]:
+    sample = result.denoised.sample
+    return {"computed_steps": sample.computed_steps, "skipped_steps": sample.skipped_steps,
+            "recomputed_steps": sample.recomputed_steps, "transformer_passes": result.denoised.transformer_passes,
+            "subgraph_runs": result.denoised.subgraph_runs, "timings": result.timings()}
+
+
+class JobQueue:
+    def __init__(self, pipeline: AnimaPipeline, data_dir: Path, *, max_queue: int = 16,
+                 checkpoint_every: int | None = None) -> None:
+        self.pipeline, self.max_queue, self.checkpoint_every = pipeline, max_queue, checkpoint_every
+        self.data_dir = output_folder(data_dir, overwrite=False, holds="other files", resumable="jobs.sqlite")
+        self.projection = projection_for(pipeline.files.vae)
+        self._lock = threading.Condition()
+        self._jobs: dict[str, Job] = {}
+        self._waiting: deque[Job] = deque()
+        self.current: Job | None = None
+        self._db = sqlite3.connect(self.data_dir / "jobs.sqlite", check_same_thread=False)
+        self._db.execute("CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, created REAL, state TEXT, "
+                         "params TEXT, summary TEXT, error TEXT)")
+        self._load()
+        self._stopping = False
+        self._worker = threading.Thread(target=self._work, name="anima-jobs", daemon=True)
+
+    # ---- persistence --------------------------------------------------------------------------------------
+
+    def _save(self, job: Job) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?)", (
+                job.id, job.created, job.state, json.dumps({n: getattr(job.params, n) for n in SETTINGS}),
+                json.dumps(job.summary), job.error))
+            self._db.commit()
+
+    def _load(self) -> None:
+        """Jobs of an earlier run of the server: finished ones are listed, the others queued again in order."""
+        for job_id, created, state, params, summary, error in self._db.execute(
+                "SELECT id, created, state, params, summary, error FROM jobs ORDER BY created"):
+            job = Job(job_id, GenerationParams(**json.loads(params)), created, state, error=error,
+                      summary=json.loads(summary) if summary else None)
+            self._jobs[job_id] = job
+            if state in FINISHED:
+                job.done.set()
+            else:
+                job.state = "queued"
+                self._waiting.append(job)
+
+    # ---- the API ------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._worker.start()
+
+    def close(self) -> None:
+        with self._lock:
+            self._stopping = True
+            if self.current is not None:
+                self.current.cancel.set()
+            self._lock.notify_all()
+        self._worker.join(timeout=60)
+
+    def submit(self, params: GenerationParams) -> Job:
+        self.pipeline.prepare(params)  # every setting checked now: a bad request is a 400, not a failed job
+        job = Job(secrets.token_hex(8), params, time.time())
+        with self._lock:
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull(f"the queue is full ({self.max_queue} jobs waiting); try again later")
+            self._jobs[job.id] = job
+            self._waiting.append(job)
+            self._save(job)
+            self._lock.notify_all()
+        return job
+
+    def get(self, job_id: str) -> Job | None:
+        return self._jobs.get(job_id)
+
+    def position(self, job: Job) -> int | None:
+        """0 = running, 1 = next, ...; None once finished."""
+        with self._lock:
+            if job is self.current:
+                return 0
+            return next((i + 1 for i, waiting in enumerate(self._waiting) if waiting is job), None)
+
+    def cancel(self, job: Job) -> None:
+        """A waiting job is dropped; a running one stops at its next step boundary."""
+        with self._lock:
+            if job in self._waiting:
+                self._waiting.remove(job)
+                self._finish(job, "cancelled")
+            elif job is self.current:
+                job.cancel.set()
+
+    def recent(self, limit: int = 50) -> list[Job]:
+        return sorted(self._jobs.values(), key=lambda j: j.created, reverse=True)[:limit]
+
+    def image_path(self, job: Job) -> Path:
+        return self.data_dir / f"{job.id}.png"
+
+    # ---- the worker ---------------------------------------------------------------------------------------
+
+    def _finish(self, job: Job, state: str, error: str | None = None) -> None:
+        job.state, job.error, job.preview = state, error, None
+        self._save(job)
+        job.done.set()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                while not self._waiting and not self._stopping:
+                    self._lock.wait()
+                if self._stopping:
+                    return
+                job = self.current = self._waiting.popleft()
+                job.state = "generating"
+            self._save(job)
+            try:
+                self._run(job)
+            finally:
+                with self._lock:
+                    self.current = None
+
+    def _on_step(self, job: Job, event: StepEvent) -> None:
+        job.step, job.eta_s = event.step, event.eta_s
+        image = self.projection.to_image(event.x0, 4)
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG", compress_level=1)
+        job.preview = buffer.getvalue()
+
+    def _run(self, job: Job) -> None:
+        state_path = self.data_dir / f"{job.id}.png.state"
+        checkpoints = Checkpoints(state_path, self.checkpoint_every, stop=job.cancel.is_set, warn=lambda e: None)
+        try:
+            resume = read_state(state_path) if state_path.is_file() else None
+            result = self.pipeline.generate(job.params, lambda event: self._on_step(job, event),
+                                            checkpoints=checkpoints, resume=resume)
+            if not result.finite:
+                raise AnimaError("the final latent is not finite (NaN/Inf); no image was written")
+            save_png(result.image, self.image_path(job), overwrite=True,
+                     parameters=png_parameters(result.params, self.pipeline.files.dit.name, result))
+            job.summary = summary_of(result)
+            checkpoints.remove()
+            self._finish(job, "completed")
+        except Interrupted:
+            if self._stopping:  # the server is shutting down: the job waits for the next start, state kept
+                job.state = "queued"
+                self._save(job)
+                return
+            checkpoints.remove()
+            self._finish(job, "cancelled")
+        except AnimaError as e:
+            checkpoints.remove()
+            self._finish(job, "failed", str(e))
+        except Exception as e:  # the server keeps serving; the job says what went wrong, in one line
+            self._finish(job, "failed", f"internal error: {type(e).__name__}: {e}".splitlines()[0])

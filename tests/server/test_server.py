@@ -1,0 +1,207 @@
+"""`anima-rknn serve` as its clients meet it: the real `webuiapi` and `openai` packages, and plain HTTP."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import io
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import uvicorn
+from PIL import Image
+
+from anima_rknn.pipeline import AnimaPipeline
+from anima_rknn.server.app import Server
+from anima_rknn.server.jobs import JobQueue
+
+webuiapi = pytest.importorskip("webuiapi")
+openai = pytest.importorskip("openai")
+
+SMALL = {"width": 64, "height": 64, "steps": 2}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_set, tmp_path_factory):
+    """A real uvicorn server on 127.0.0.1 serving the tiny model, stopped after the module."""
+    queue = JobQueue(AnimaPipeline(tiny_set), tmp_path_factory.mktemp("server") / "data", max_queue=4)
+    config = uvicorn.Config(Server(queue, model_name="tiny").app(), host="127.0.0.1", port=_free_port(),
+                            log_level="warning")
+    running = uvicorn.Server(config)
+    thread = threading.Thread(target=running.run, daemon=True)
+    queue.start()
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not running.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{config.port}", queue
+    running.should_exit = True
+    thread.join(timeout=30)
+    queue.close()
+
+
+def call(url: str, body: object | None = None, method: str | None = None) -> tuple[int, object]:
+    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    request = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            raw, code, kind = response.read(), response.status, response.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as e:
+        raw, code, kind = e.read(), e.code, e.headers.get("Content-Type", "")
+    return code, json.loads(raw) if "json" in kind else raw
+
+
+def test_webuiapi_client_generates_an_image(server):
+    url, _ = server
+    host, port = url.removeprefix("http://").split(":")
+    api = webuiapi.WebUIApi(host=host, port=int(port))
+    result = api.txt2img(prompt="a red circle", negative_prompt="", seed=5, cfg_scale=4, sampler_name="Euler",
+                         batch_size=2, **SMALL)
+    assert len(result.images) == 2 and result.images[0].size == (64, 64)
+    assert result.info["all_seeds"] == [5, 6] and "Seed: 5," in result.info["infotexts"][0]
+    assert "Seed: 5," in result.images[0].info["parameters"]
+    assert [m["model_name"] for m in api.get_sd_models()] == ["tiny"]
+
+
+def test_openai_client_generates_an_image(server):
+    url, _ = server
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="not-needed")
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    result = client.images.generate(model="tiny", prompt="a blue square", size="64x64", n=1,
+                                    response_format="b64_json", extra_body={"steps": 2})
+    image = Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json)))
+    assert image.size == (64, 64) and "a blue square" in image.info["parameters"]
+
+
+def test_native_jobs_queue_run_and_report(server):
+    url, queue = server
+    code, job = call(f"{url}/api/jobs", {"prompt": "a cat", **SMALL, "seed": 3, "cache": "spectrum"})
+    assert code == 200 and job["state"] in ("queued", "generating")
+    deadline = time.monotonic() + 120
+    while job["state"] not in ("completed", "failed", "cancelled"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+        code, job = call(f"{url}/api/jobs/{job['id']}")
+    assert job["state"] == "completed" and job["step"] == 2 and job["result"]["computed_steps"] == [1, 2]
+    code, png = call(f"{url}/api/jobs/{job['id']}/image")
+    assert code == 200 and Image.open(io.BytesIO(png)).size == (64, 64)
+    code, events = call(f"{url}/api/jobs/{job['id']}/events")
+    assert code == 200 and b'"state": "completed"' in events
+    code, listed = call(f"{url}/api/jobs")
+    assert job["id"] in [j["id"] for j in listed]
+
+
+def test_cancel_stops_a_long_job_at_a_step_boundary(server):
+    url, queue = server
+    code, job = call(f"{url}/api/jobs", {"prompt": "a cat", "width": 64, "height": 64, "steps": 150})
+    while call(f"{url}/api/jobs/{job['id']}")[1]["step"] < 1:
+        time.sleep(0.05)
+    code, progress = call(f"{url}/sdapi/v1/progress")
+    assert code == 200 and progress["state"]["sampling_steps"] == 150 and progress["current_image"]
+    call(f"{url}/sdapi/v1/interrupt", {})
+    deadline = time.monotonic() + 60
+    while (status := call(f"{url}/api/jobs/{job['id']}")[1])["state"] not in ("cancelled", "completed"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert status["state"] == "cancelled" and status["step"] < 150
+    assert not (queue.data_dir / f"{job['id']}.png").exists()
+
+
+@pytest.mark.parametrize("path, body, code, pattern", [
+    ("/sdapi/v1/txt2img", {"prompt": "x", "sampler_name": "DPM++ 2M", **SMALL}, 400, "unknown sampler"),
+    ("/sdapi/v1/txt2img", {"prompt": "x", "width": 4096, "height": 64, "steps": 2}, 400, "width and height"),
+    ("/sdapi/v1/txt2img", {"prompt": "x", "steps": 151, "width": 64, "height": 64}, 400, "steps must be"),
+    ("/sdapi/v1/txt2img", {"prompt": "x", "cfg_scale": "high", **SMALL}, 400, "cfg_scale must be a finite"),
+    ("/sdapi/v1/txt2img", b'{"prompt": "x", "cfg_scale": NaN}', 400, "cfg_scale must be a finite"),
+    ("/sdapi/v1/txt2img", b"{not json", 400, "not valid JSON"),
+    ("/sdapi/v1/txt2img", [1, 2], 400, "must be a JSON object"),
+    ("/sdapi/v1/txt2img", {"prompt": "(" * 200 + "x", **SMALL, "cache": "bogus"}, 400, "cache must be one of"),
+    ("/sdapi/v1/txt2img", {"prompt": "x", "batch_size": 9, **SMALL}, 400, "at most 8 images"),
+    ("/v1/images/generations", {"prompt": "x", "size": "huge"}, 400, "size must be WIDTHxHEIGHT"),
+    ("/v1/images/generations", {"prompt": "x", "size": "64x64", "response_format": "url"}, 400, "b64_json"),
+    ("/api/jobs", {"prompt": 5, **SMALL}, 400, "prompt must be a string"),
+    ("/api/jobs", {"prompt": "x", "seed": 2**64, **SMALL}, 400, "seed must be an integer"),
+    ("/api/jobs/nope", None, 404, "no job"),
+])
+def test_bad_requests_get_a_4xx_with_one_line(server, path, body, code, pattern):
+    url, _ = server
+    got, answer = call(f"{url}{path}", body)
+    assert got == code, answer
+    assert pattern in answer["error"] and "\n" not in answer["error"] and "Traceback" not in answer["error"]
+
+
+def test_a_huge_body_is_refused_before_it_is_read(server):
+    url, _ = server
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.putrequest("POST", "/api/jobs")
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader("Content-Length", str(2 << 20))
+    connection.endheaders()  # the 2 MiB never follow: the answer must not wait for them
+    response = connection.getresponse()
+    assert response.status == 413 and "request body over" in json.loads(response.read())["error"]
+    connection.close()
+
+
+def _serve(model_dir, data_dir, port, log):
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "anima_rknn", "serve", "--model", str(model_dir), "--data-dir",
+                             str(data_dir), "--port", str(port), "--checkpoint-every", "5", "--max-steps", "1000"],
+                            stderr=log)
+
+
+def _wait_until(check, seconds=120):
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if check():
+                return
+        except (OSError, urllib.error.URLError):
+            pass
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])  # a crash or power cut; a clean shutdown
+def test_a_job_running_when_the_server_dies_resumes_after_a_restart(tiny_set, tmp_path, server, how):
+    import signal
+
+    url, _ = server
+    request = {"prompt": "a cat", "width": 64, "height": 64, "steps": 150, "seed": 11}
+    model_dir, data_dir, port = tiny_set.dit.parents[2], tmp_path / "data", _free_port()
+    with open(tmp_path / "log.txt", "wb") as log:
+        first = _serve(model_dir, data_dir, port, log)
+        base = f"http://127.0.0.1:{port}"
+        _wait_until(lambda: call(f"{base}/api/jobs")[0] == 200)
+        job = call(f"{base}/api/jobs", request)[1]
+        _wait_until(lambda: call(f"{base}/api/jobs/{job['id']}")[1]["step"] >= 12)
+        first.send_signal(getattr(signal, how))
+        first.wait(timeout=60)
+        assert list(data_dir.glob("*.state")), "no checkpoint was left to resume from"
+        second = _serve(model_dir, data_dir, port, log)
+        try:
+            _wait_until(lambda: call(f"{base}/api/jobs/{job['id']}")[1]["state"] == "completed", 300)
+        finally:
+            second.terminate()
+            second.wait(timeout=60)
+    # Bit-identical to the same job run without a break (on the module's own server).
+    reference = call(f"{url}/api/jobs", request)[1]
+    _wait_until(lambda: call(f"{url}/api/jobs/{reference['id']}")[1]["state"] == "completed", 300)
+    resumed = Image.open(data_dir / f"{job['id']}.png")
+    assert resumed.tobytes() == Image.open(io.BytesIO(call(f"{url}/api/jobs/{reference['id']}/image")[1])).tobytes()
+    assert not list(data_dir.glob("*.state"))
