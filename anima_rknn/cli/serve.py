@@ -35,9 +35,12 @@ from .options import model_options, rknn_options, rknn_settings
 @click.option("--dtype", type=click.Choice(list(DTYPES)), default="fp32", show_default=True)
 @click.option("--backend", default="torch", show_default=True, help="torch | onnx | rknn.")
 @click.option("--subgraphs", type=click.Path(file_okay=False), default=None)
+@click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' (OpenAI clients send it).")
+@click.option("--api-auth", default=None, help="Require HTTP basic auth USER:PASS (as WebUI's --api-auth).")
 @rknn_options
 def serve(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host, port, data_dir, max_queue, cache,
-          checkpoint_every, max_side, max_steps, dtype, backend, subgraphs, rknn_runtime, rknn_budget, rknn_core_mask) -> None:
+          checkpoint_every, max_side, max_steps, dtype, backend, subgraphs, api_key, api_auth, rknn_runtime, rknn_budget,
+          rknn_core_mask) -> None:
     """Serve the model over HTTP until Ctrl-C; a job running then resumes at the next start."""
     import uvicorn
 
@@ -48,14 +51,16 @@ def serve(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host, por
         loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:
         raise AnimaError(f"--host must be an IP address, got {host!r}") from None
+    if api_auth is not None and ":" not in api_auth:
+        raise AnimaError("--api-auth must be USER:PASS")
     files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
                     t5_tokenizer=t5_tokenizer)
     queue = JobQueue(AnimaPipeline(files), Path(data_dir), max_queue=max_queue, checkpoint_every=checkpoint_every)
     engine = {"dtype": dtype, "backend": backend, "subgraphs": Path(subgraphs) if subgraphs else None,
               "rknn": rknn_settings(rknn_runtime, rknn_budget, rknn_core_mask)}
     app = Server(queue, default_cache=cache, max_side=max_side, max_steps=max_steps, model_name=files.dit.stem,
-                 engine=engine).app()
-    if not loopback:
+                 engine=engine, api_key=api_key, api_auth=api_auth).app()
+    if not loopback and not (api_key or api_auth):
         click.echo(f"warning: listening on {host} without authentication: anyone who reaches it can use it",
                    err=True)
     click.echo(f"anima-rknn serving {files.dit.name} on http://{host}:{port}/ (data in {data_dir})", err=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hmac
 import json
 import math
 from typing import Any
@@ -24,6 +25,7 @@ from .jobs import FINISHED, Job, JobQueue, QueueFull
 
 SAMPLERS = ("Euler", "euler", "k_euler", "Euler (flow)", "euler_flow")  # one sampler, its usual spellings
 MAX_BODY_BYTES = 1 << 20
+PUBLIC_PATHS = ("/",)  # the page itself; everything it calls needs the credentials
 MAX_IMAGES = 8  # batch_size * n_iter, n
 
 
@@ -61,8 +63,13 @@ class Server:
     """Holds the queue and the server-wide defaults; builds the FastAPI app."""
 
     def __init__(self, queue: JobQueue, *, default_cache: str = "none", max_side: int = 1024, max_steps: int = 150,
-                 model_name: str = "anima", engine: dict[str, Any] | None = None) -> None:
+                 model_name: str = "anima", engine: dict[str, Any] | None = None, api_key: str | None = None,
+                 api_auth: str | None = None) -> None:
         self.queue, self.default_cache = queue, default_cache
+        # What an Authorization header must be, exactly: a Bearer token (OpenAI clients) or HTTP basic (WebUI's).
+        self.credentials = [f"Bearer {api_key}"] if api_key else []
+        if api_auth:
+            self.credentials.append("Basic " + base64.b64encode(api_auth.encode()).decode())
         self.engine = dict(engine or {})  # backend, subgraphs, dtype, rknn: the server's, never a request's
         self.max_side, self.max_steps, self.model_name = max_side, max_steps, model_name
 
@@ -106,8 +113,17 @@ class Server:
         queue = self.queue
 
         @app.middleware("http")
-        async def limit_body(request: Request, call_next):
-            if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
+        async def guard(request: Request, call_next):
+            given = request.headers.get("authorization", "")
+            if self.credentials and request.url.path not in PUBLIC_PATHS and not any(
+                    hmac.compare_digest(given.encode(), expected.encode()) for expected in self.credentials):
+                return JSONResponse({"error": "authentication required"}, status_code=401,
+                                    headers={"WWW-Authenticate": 'Basic realm="anima-rknn"'})
+            try:
+                length = int(request.headers.get("content-length") or 0)
+            except ValueError:
+                return JSONResponse({"error": "bad Content-Length"}, status_code=400)
+            if length > MAX_BODY_BYTES:
                 return JSONResponse({"error": f"request body over {MAX_BODY_BYTES} bytes"}, status_code=413)
             return await call_next(request)
 

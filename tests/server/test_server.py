@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import io
 import json
@@ -32,24 +33,37 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_set, tmp_path_factory):
-    """A real uvicorn server on 127.0.0.1 serving the tiny model, stopped after the module."""
-    queue = JobQueue(AnimaPipeline(tiny_set), tmp_path_factory.mktemp("server") / "data", max_queue=4)
-    config = uvicorn.Config(Server(queue, model_name="tiny").app(), host="127.0.0.1", port=_free_port(),
+@contextlib.contextmanager
+def running(queue: JobQueue, **options):
+    """A real uvicorn server on 127.0.0.1 for `queue`, stopped on leaving."""
+    config = uvicorn.Config(Server(queue, model_name="tiny", **options).app(), host="127.0.0.1", port=_free_port(),
                             log_level="warning")
-    running = uvicorn.Server(config)
-    thread = threading.Thread(target=running.run, daemon=True)
-    queue.start()
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
-    while not running.started:
+    while not server.started:
         assert time.monotonic() < deadline, "the server did not start"
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{config.port}", queue
-    running.should_exit = True
-    thread.join(timeout=30)
-    queue.close()
+    try:
+        yield f"http://127.0.0.1:{config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def queue(tiny_set, tmp_path_factory):
+    jobs = JobQueue(AnimaPipeline(tiny_set), tmp_path_factory.mktemp("server") / "data", max_queue=4)
+    jobs.start()
+    yield jobs
+    jobs.close()
+
+
+@pytest.fixture(scope="module")
+def server(queue):
+    with running(queue) as url:
+        yield url, queue
 
 
 def call(url: str, body: object | None = None, method: str | None = None) -> tuple[int, object]:
@@ -205,3 +219,40 @@ def test_a_job_running_when_the_server_dies_resumes_after_a_restart(tiny_set, tm
     resumed = Image.open(data_dir / f"{job['id']}.png")
     assert resumed.tobytes() == Image.open(io.BytesIO(call(f"{url}/api/jobs/{reference['id']}/image")[1])).tobytes()
     assert not list(data_dir.glob("*.state"))
+
+
+def test_with_credentials_every_api_needs_them(queue):
+    with running(queue, api_key="s3cret", api_auth="ann:pw") as url:
+        host, port = url.removeprefix("http://").split(":")
+        assert call(f"{url}/api/jobs")[0] == 401
+        assert call(f"{url}/sdapi/v1/txt2img", {"prompt": "x", **SMALL})[0] == 401
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{url}/v1", api_key="wrong").models.list()
+        assert [m.id for m in openai.OpenAI(base_url=f"{url}/v1", api_key="s3cret").models.list()] == ["tiny"]
+        api = webuiapi.WebUIApi(host=host, port=int(port))
+        api.set_auth("ann", "pw")
+        assert api.txt2img(prompt="x", seed=1, sampler_name="Euler", **SMALL).images[0].size == (64, 64)
+
+
+def test_fifty_concurrent_mixed_requests_are_each_answered_once(server):
+    """Bounded load on 127.0.0.1: every request gets a 200 or a 429, no job is lost or run twice, memory stays
+    bounded and the server still works afterwards."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from anima_rknn.memory import status_bytes
+
+    url, queue = server
+    kinds = [("/api/jobs", {"prompt": "a cat", **SMALL}), ("/sdapi/v1/txt2img", {"prompt": "a dog", **SMALL}),
+             ("/v1/images/generations", {"prompt": "a fox", "size": "64x64", "steps": 2})]
+    before = status_bytes("VmRSS")
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        answers = list(pool.map(lambda i: (i % 3, *call(f"{url}{kinds[i % 3][0]}", kinds[i % 3][1])), range(50)))
+    assert {code for _, code, _ in answers} <= {200, 429} and any(code == 429 for _, code, _ in answers)
+    submitted = [body["id"] for kind, code, body in answers if kind == 0 and code == 200]
+    assert len(submitted) == len(set(submitted))
+    for job_id in submitted:
+        _wait_until(lambda: call(f"{url}/api/jobs/{job_id}")[1]["state"] == "completed")
+    assert all(len(body["images"]) == 1 for kind, code, body in answers if kind == 1 and code == 200)
+    assert all(len(body["data"]) == 1 for kind, code, body in answers if kind == 2 and code == 200)
+    assert status_bytes("VmRSS") - before < 512 * 2**20
+    assert call(f"{url}/sdapi/v1/txt2img", {"prompt": "still here", "seed": 1, **SMALL})[0] == 200
