@@ -202,7 +202,8 @@ class AnimaPipeline:
         tokens = [self.tokenizer.encode(p) for p in (prompt, negative)]
         for name, t in zip(("prompt", "negative prompt"), tokens):
             if len(t.qwen_ids) > MAX_PROMPT_TOKENS:
-                raise AnimaError(f"the {name} is {len(t.qwen_ids)} tokens long; at most {MAX_PROMPT_TOKENS} are accepted")
+                raise AnimaError(f"the {name} is {len(t.qwen_ids)} tokens long; "
+                                 f"at most {MAX_PROMPT_TOKENS} are accepted")
         encoder = load_text_encoder(self.files.text_encoder)
         with torch.no_grad():
             states = [encoder.encode(t.qwen_ids) for t in tokens]

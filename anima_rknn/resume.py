@@ -58,7 +58,9 @@ def default_state_path(out: Path) -> Path:
 
 def output_of_state(state: Path) -> Path | None:
     """`x.png.state` was written for `x.png`; other names say nothing about their output."""
-    return state.with_name(state.name.removesuffix(STATE_SUFFIX)) if state.name.endswith(".png" + STATE_SUFFIX) else None
+    if not state.name.endswith(".png" + STATE_SUFFIX):
+        return None
+    return state.with_name(state.name.removesuffix(STATE_SUFFIX))
 
 
 @dataclasses.dataclass

@@ -17,12 +17,14 @@ from ..errors import AnimaError
 from ..files import check_output_file, json_text, save_png
 from ..model_set import resolve
 from ..pipeline import MAX_STEPS, AnimaPipeline, GenerationParams, GenerationResult, png_parameters
-from ..resume import SETTINGS, STATE_SUFFIX, Checkpoints, Interrupted, ResumeState, default_state_path, output_of_state, read_state
+from ..resume import (SETTINGS, STATE_SUFFIX, Checkpoints, Interrupted, ResumeState, default_state_path,
+                      output_of_state, read_state)
 from ..sampling.caches import CACHE_NAMES, OPTION_TYPES, parse_cache_options
 from ..sampling.euler import StepCallback, StepEvent
 from ..vae.preview import PreviewWriter
 from . import cli
-from .options import FINITE, image_size, model_options, rknn_options, rknn_settings, sampling_options, vae_options, vae_tiling
+from .options import (FINITE, image_size, model_options, rknn_options, rknn_settings, sampling_options, vae_options,
+                      vae_tiling)
 
 # The numeric cache options also have flags of their own, as stable-diffusion.cpp's --spectrum-* do.
 SPECTRUM_FLAGS = {key: FINITE if kind is float else kind for key, kind in OPTION_TYPES.items() if kind in (int, float)}
@@ -186,7 +188,8 @@ def settings_from_state(params: GenerationParams, resumed: ResumeState, given: s
     cache_flags = {"cache_option", *(f"spectrum_{key}" for key in SPECTRUM_FLAGS)}
     keep = {name for name in SETTINGS
             if _FLAG_OF.get(name, name) in given or (name == "cache_options" and cache_flags & given)}
-    merged = dataclasses.replace(params, **{name: getattr(resumed.params, name) for name in SETTINGS if name not in keep})
+    taken = {name: getattr(resumed.params, name) for name in SETTINGS if name not in keep}
+    merged = dataclasses.replace(params, **taken)
     resumed.check_settings(merged)
     return merged
 

@@ -35,12 +35,15 @@ from .options import model_options, rknn_options, rknn_settings
 @click.option("--dtype", type=click.Choice(list(DTYPES)), default="fp32", show_default=True)
 @click.option("--backend", default="torch", show_default=True, help="torch | onnx | rknn.")
 @click.option("--subgraphs", type=click.Path(file_okay=False), default=None)
+@click.option("--keep-models/--no-keep-models", default=None,
+              help="Keep the DiT loaded between jobs (faster), or load each stage per job as the CLI does (least "
+                   "memory). Default: keep, except on the rknn backend (the board's 8 GB).")
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' (OpenAI clients send it).")
 @click.option("--api-auth", default=None, help="Require HTTP basic auth USER:PASS (as WebUI's --api-auth).")
 @rknn_options
 def serve(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host, port, data_dir, max_queue, cache,
-          checkpoint_every, max_side, max_steps, dtype, backend, subgraphs, api_key, api_auth, rknn_runtime, rknn_budget,
-          rknn_core_mask) -> None:
+          checkpoint_every, max_side, max_steps, dtype, backend, subgraphs, keep_models, api_key, api_auth,
+          rknn_runtime, rknn_budget, rknn_core_mask) -> None:
     """Serve the model over HTTP until Ctrl-C; a job running then resumes at the next start."""
     import uvicorn
 
@@ -55,7 +58,9 @@ def serve(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host, por
         raise AnimaError("--api-auth must be USER:PASS")
     files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
                     t5_tokenizer=t5_tokenizer)
-    queue = JobQueue(AnimaPipeline(files), Path(data_dir), max_queue=max_queue, checkpoint_every=checkpoint_every)
+    keep = backend != "rknn" if keep_models is None else keep_models
+    queue = JobQueue(AnimaPipeline(files, keep_dit=keep), Path(data_dir), max_queue=max_queue,
+                     checkpoint_every=checkpoint_every)
     engine = {"dtype": dtype, "backend": backend, "subgraphs": Path(subgraphs) if subgraphs else None,
               "rknn": rknn_settings(rknn_runtime, rknn_budget, rknn_core_mask)}
     app = Server(queue, default_cache=cache, max_side=max_side, max_steps=max_steps, model_name=files.dit.stem,
