@@ -6,5 +6,14 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/setup.sh
 bash scripts/setup-rknn-env.sh
+# The web page's browser test drives Debian's chromium through Debian's chromedriver: apt installs them, nothing
+# else downloads a browser.
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+  if [ "$(id -u)" -eq 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver
+  else
+    echo "warning: chromium or chromium-driver missing and not root: tests/server/test_page.py will fail" >&2
+  fi
+fi
 .venv/bin/python -m pytest -q "$@"
 .venv-rknn/bin/python -m pytest -q tests/export/test_rknn.py tests/engine/test_rknn_backend.py tests/engine/test_memory_plan.py tests/cli/test_rknn_cli.py "$@"

@@ -59,10 +59,10 @@ def serve(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host, por
     files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
                     t5_tokenizer=t5_tokenizer)
     keep = backend != "rknn" if keep_models is None else keep_models
-    queue = JobQueue(AnimaPipeline(files, keep_dit=keep), Path(data_dir), max_queue=max_queue,
-                     checkpoint_every=checkpoint_every)
     engine = {"dtype": dtype, "backend": backend, "subgraphs": Path(subgraphs) if subgraphs else None,
               "rknn": rknn_settings(rknn_runtime, rknn_budget, rknn_core_mask)}
+    queue = JobQueue(AnimaPipeline(files, keep_dit=keep), Path(data_dir), max_queue=max_queue,
+                     checkpoint_every=checkpoint_every, engine=engine)
     app = Server(queue, default_cache=cache, max_side=max_side, max_steps=max_steps, model_name=files.dit.stem,
                  engine=engine, api_key=api_key, api_auth=api_auth).app()
     if not loopback and not (api_key or api_auth):

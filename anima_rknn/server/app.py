@@ -12,21 +12,28 @@ import base64
 import hmac
 import json
 import math
+from importlib import resources
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
 from ..errors import AnimaError
 from ..pipeline import GenerationParams, png_parameters
 from ..sampling.caches import CACHE_NAMES
+from .compare import NotReady, difference_png, measure, twin_of
 from .jobs import FINISHED, Job, JobQueue, QueueFull
 
 SAMPLERS = ("Euler", "euler", "k_euler", "Euler (flow)", "euler_flow")  # one sampler, its usual spellings
 MAX_BODY_BYTES = 1 << 20
 PUBLIC_PATHS = ("/",)  # the page itself; everything it calls needs the credentials
 MAX_IMAGES = 8  # batch_size * n_iter, n
+# The page is inline HTML, CSS and JS: it may load nothing from elsewhere, nor be framed by another site.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                               "img-src 'self' blob:; connect-src 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
 
 
 class BadRequest(AnimaError):
@@ -287,6 +294,36 @@ class Server:
                     await asyncio.sleep(0.1)
 
             return StreamingResponse(stream(), media_type="text/event-stream")
+
+        # -- compare with baseline ------------------------------------------------------------------------
+        @app.exception_handler(NotReady)
+        async def not_ready(request: Request, e: NotReady):
+            return JSONResponse({"error": str(e)}, status_code=409)
+
+        @app.post("/api/jobs/{job_id}/compare")
+        async def compare(job_id: str):
+            twin = twin_of(queue, job_or_404(job_id))
+            return twin.status(queue.position(twin))
+
+        # Plain def: FastAPI runs these in a worker thread, so SSIM of a large image never stalls other requests.
+        @app.get("/api/jobs/{job_id}/compare/{twin_id}")
+        def comparison(job_id: str, twin_id: str):
+            job, twin = job_or_404(job_id), job_or_404(twin_id)
+            measured = measure(queue, job, twin)
+            return {"ready": measured is not None, "job": job.status(queue.position(job)),
+                    "twin": twin.status(queue.position(twin)), **(measured or {})}
+
+        @app.get("/api/jobs/{job_id}/compare/{twin_id}/difference")
+        def difference(job_id: str, twin_id: str):
+            job, twin = job_or_404(job_id), job_or_404(twin_id)
+            return Response(difference_png(queue, job, twin), media_type="image/png")
+
+        # -- the web page ---------------------------------------------------------------------------------
+        page = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
+
+        @app.get("/", include_in_schema=False)
+        async def index():
+            return HTMLResponse(page, headers=PAGE_HEADERS)
 
         return app
 

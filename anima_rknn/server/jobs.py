@@ -64,8 +64,11 @@ def summary_of(result: GenerationResult) -> dict[str, Any]:
 
 class JobQueue:
     def __init__(self, pipeline: AnimaPipeline, data_dir: Path, *, max_queue: int = 16,
-                 checkpoint_every: int | None = None) -> None:
+                 checkpoint_every: int | None = None, engine: dict[str, Any] | None = None) -> None:
         self.pipeline, self.max_queue, self.checkpoint_every = pipeline, max_queue, checkpoint_every
+        # How this server runs the model (subgraph set, NPU options): not part of a job's saved settings, so a job
+        # found again after a restart takes them from here.
+        self.engine = {key: value for key, value in (engine or {}).items() if key in ("subgraphs", "rknn")}
         self.data_dir = output_folder(data_dir, overwrite=False, holds="other files", resumable="jobs.sqlite")
         self.projection = projection_for(pipeline.files.vae)
         self._lock = threading.Condition()
@@ -92,7 +95,7 @@ class JobQueue:
         """Jobs of an earlier run of the server: finished ones are listed, the others queued again in order."""
         for job_id, created, state, params, summary, error in self._db.execute(
                 "SELECT id, created, state, params, summary, error FROM jobs ORDER BY created"):
-            job = Job(job_id, GenerationParams(**json.loads(params)), created, state, error=error,
+            job = Job(job_id, GenerationParams(**json.loads(params), **self.engine), created, state, error=error,
                       summary=json.loads(summary) if summary else None)
             self._jobs[job_id] = job
             if state in FINISHED:

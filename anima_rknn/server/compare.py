@@ -1,0 +1,101 @@
+"""Compare with baseline: a cached job against its uncached twin (same settings and seed, cache "none").
+
+The twin runs through the queue like any job. Once both are completed, the two PNGs are measured with the
+benchmark's own metrics (PSNR, SSIM, difference map), and the summaries give the denoise speedup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+from typing import Any
+
+from PIL import Image
+
+from ..bench.metrics import difference_map, psnr, ssim
+from ..errors import AnimaError
+from ..pipeline import GenerationParams
+from ..resume import SETTINGS
+from .jobs import Job, JobQueue
+
+GIVEN_UP = ("failed", "cancelled")
+DIFFERENCE_COLOURS = "inferno"  # black where equal, through red to pale yellow at the largest difference
+
+
+class NotComparable(AnimaError):
+    """The request names a job without a cache, or a twin that is not the job's twin."""
+
+
+class NotReady(AnimaError):
+    """One of the two jobs failed or was cancelled (or is still running, for the difference map)."""
+
+
+def _settings(params: GenerationParams) -> dict[str, Any]:
+    return {name: getattr(params, name) for name in SETTINGS}
+
+
+def twin_params(job: Job) -> GenerationParams:
+    if job.params.cache == "none":
+        raise NotComparable(f"job {job.id} ran without a cache: it is its own baseline")
+    return dataclasses.replace(job.params, cache="none", cache_options={})
+
+
+def twin_of(queue: JobQueue, job: Job) -> Job:
+    """The job's uncached twin: one already queued, running or done is reused, so a second click costs nothing."""
+    wanted = twin_params(job)
+    if job.state in GIVEN_UP:
+        raise NotReady(f"job {job.id} {job.state}: there is nothing to compare")
+    settings = _settings(wanted)
+    reused = next((other for other in queue.recent() if other.state not in GIVEN_UP
+                   and _settings(other.params) == settings), None)
+    return reused or queue.submit(wanted)
+
+
+def _check(job: Job, twin: Job) -> bool:
+    """Whether both are completed; refuses a twin that is not the job's and a pair that will never be."""
+    if _settings(twin.params) != _settings(twin_params(job)):
+        raise NotComparable(f"job {twin.id} is not the uncached twin of job {job.id}")
+    for one in (job, twin):
+        if one.state in GIVEN_UP:
+            raise NotReady(f"job {one.id} {one.state}: there is nothing to compare")
+    return job.state == twin.state == "completed"
+
+
+def _image(queue: JobQueue, job: Job) -> Image.Image:
+    try:
+        with Image.open(queue.image_path(job)) as image:
+            return image.convert("RGB")
+    except OSError as e:
+        raise NotReady(f"the image of job {job.id} cannot be read: {e.strerror or e}") from None
+
+
+def measure(queue: JobQueue, job: Job, twin: Job) -> dict[str, Any] | None:
+    """PSNR (dB; None when the images are identical), SSIM, the largest pixel difference (of 255), denoise
+    speedup and computed steps; None while either job has still to finish."""
+    if not _check(job, twin):
+        return None
+    cached, baseline = _image(queue, job), _image(queue, twin)
+    decibels = psnr(baseline, cached)
+    cached_s, baseline_s = job.summary["timings"]["denoise_s"], twin.summary["timings"]["denoise_s"]
+    return {"psnr_db": decibels if math.isfinite(decibels) else None, "ssim": ssim(baseline, cached),
+            "difference_max": float(difference_map(baseline, cached).max()),
+            "speedup": baseline_s / cached_s if cached_s > 0 else None,
+            "denoise_s": {"cached": cached_s, "baseline": baseline_s},
+            "computed_steps": {"cached": len(job.summary["computed_steps"]),
+                               "baseline": len(twin.summary["computed_steps"])}}
+
+
+def difference_png(queue: JobQueue, job: Job, twin: Job) -> bytes:
+    """The difference map in DIFFERENCE_COLOURS, from equal to the largest difference: where the pictures
+    differ, however little (measure() says how much)."""
+    from matplotlib import colormaps  # here, not at the top: the server starts without loading matplotlib
+
+    if not _check(job, twin):
+        raise NotReady(f"jobs {job.id} and {twin.id} are not both completed yet")
+    cached, baseline = _image(queue, job), _image(queue, twin)
+    difference = difference_map(baseline, cached)
+    scaled = difference / max(float(difference.max()), 1.0)  # equal pictures stay black
+    buffer = io.BytesIO()
+    Image.fromarray(colormaps[DIFFERENCE_COLOURS](scaled, bytes=True)[..., :3]).save(buffer, format="PNG")
+    return buffer.getvalue()
