@@ -18,21 +18,12 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from test_server import call, running
 
 from anima_rknn.bench.metrics import difference_map, psnr, ssim
-from anima_rknn.pipeline import AnimaPipeline
-from anima_rknn.server.jobs import FINISHED, JobQueue
+from anima_rknn.server.jobs import FINISHED
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")  # Debian's, from apt
 CACHED = {"width": 64, "height": 64, "steps": 12, "cache": "spectrum"}  # spectrum skips 4 of 12 steps
 LONG = {"prompt": "a long one", "width": 256, "height": 256, "steps": 1000, "cache": "none"}  # cancelled midway
 KEY = "anima-rknn-api-key"  # where the page keeps the key (localStorage)
-
-
-@pytest.fixture(scope="module")
-def queue(tiny_set, tmp_path_factory):
-    jobs = JobQueue(AnimaPipeline(tiny_set), tmp_path_factory.mktemp("page") / "data", max_queue=4)
-    jobs.start()
-    yield jobs
-    jobs.close()
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ import pytest
 import uvicorn
 from PIL import Image
 
-from anima_rknn.pipeline import AnimaPipeline
 from anima_rknn.server.app import Server
 from anima_rknn.server.jobs import JobQueue
 
@@ -50,14 +49,6 @@ def running(queue: JobQueue, **options):
     finally:
         server.should_exit = True
         thread.join(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def queue(tiny_set, tmp_path_factory):
-    jobs = JobQueue(AnimaPipeline(tiny_set), tmp_path_factory.mktemp("server") / "data", max_queue=4)
-    jobs.start()
-    yield jobs
-    jobs.close()
 
 
 @pytest.fixture(scope="module")
