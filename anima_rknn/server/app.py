@@ -101,8 +101,8 @@ class Server:
         """`count` jobs, consecutive seeds as WebUI does for a batch."""
         if not 1 <= count <= MAX_IMAGES:
             raise BadRequest(f"at most {MAX_IMAGES} images per request")
-        return [self.queue.submit(GenerationParams(**{**vars(params), "seed": (params.seed + i) % 2**64}))
-                for i in range(count)]
+        return self.queue.submit_all([GenerationParams(**{**vars(params), "seed": (params.seed + i) % 2**64})
+                                      for i in range(count)])
 
     async def _wait(self, jobs: list[Job]) -> list[Job]:
         for job in jobs:

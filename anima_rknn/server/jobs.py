@@ -118,16 +118,23 @@ class JobQueue:
         self._worker.join(timeout=60)
 
     def submit(self, params: GenerationParams) -> Job:
-        self.pipeline.prepare(params)  # every setting checked now: a bad request is a 400, not a failed job
-        job = Job(secrets.token_hex(8), params, time.time())
+        return self.submit_all([params])[0]
+
+    def submit_all(self, batch: list[GenerationParams]) -> list[Job]:
+        """Queue every job of a request, or none: a batch that does not fit is refused whole."""
+        for params in batch:
+            self.pipeline.prepare(params)  # every setting checked now: a bad request is a 400, not a failed job
+        jobs = [Job(secrets.token_hex(8), params, time.time()) for params in batch]
         with self._lock:
-            if len(self._waiting) >= self.max_queue:
-                raise QueueFull(f"the queue is full ({self.max_queue} jobs waiting); try again later")
-            self._jobs[job.id] = job
-            self._waiting.append(job)
-            self._save(job)
+            if len(self._waiting) + len(jobs) > self.max_queue:
+                raise QueueFull(f"the queue is full ({len(self._waiting)} of {self.max_queue} jobs waiting, "
+                                f"{len(jobs)} asked for); try again later")
+            for job in jobs:
+                self._jobs[job.id] = job
+                self._waiting.append(job)
+                self._save(job)
             self._lock.notify_all()
-        return job
+        return jobs
 
     def get(self, job_id: str) -> Job | None:
         return self._jobs.get(job_id)

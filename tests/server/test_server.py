@@ -247,3 +247,11 @@ def test_fifty_concurrent_mixed_requests_are_each_answered_once(server):
     assert all(len(body["data"]) == 1 for kind, code, body in answers if kind == 2 and code == 200)
     assert status_bytes("VmRSS") - before < 512 * 2**20
     assert call(f"{url}/sdapi/v1/txt2img", {"prompt": "still here", "seed": 1, **SMALL})[0] == 200
+
+
+def test_a_batch_that_does_not_fit_the_queue_is_refused_whole(queue):
+    before = len(queue.recent(10_000))
+    with running(queue) as url:
+        code, answer = call(f"{url}/sdapi/v1/txt2img", {"prompt": "x", "batch_size": 5, **SMALL})  # queue holds 4
+    assert code == 429 and "5 asked for" in answer["error"]
+    assert len(queue.recent(10_000)) == before  # nothing of it was queued
