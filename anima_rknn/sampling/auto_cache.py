@@ -1,0 +1,284 @@
+"""`auto`: a step cache that schedules the model calls from its forecaster's own measured error.
+
+On every computed step the forecaster first predicts that step (no model call) and compares the prediction
+with the model's x0: a measured forecast error for this image at this point of the trajectory, for free. A
+forecast x0 enters the Euler update scaled by (sigma - sigma_next) / sigma, so forecasting a step `d` steps after
+the last computed one adds about  weight * level * d**ORDER  to the final latent's relative error, `level` being
+the error per unit of d**ORDER that the last measurement showed. A step is forecast while that stays under the
+tolerance; a budget of computed steps raises the tolerance just enough for the rest of the run to fit it. The
+sum of those terms, each forecast run charged at the error measured where it ended, is the run's own estimate
+of how far its latent is from the uncached one.
+
+The forecaster extrapolates, with damping, both x0 and the noise the sampler removes (eps), linearly in sigma
+from the last two computed steps, and blends them by sigma**2: x0 moves fast at high noise, eps at low noise,
+where x0 = (x - sigma eps) / (1 - sigma) also shrinks an eps error by sigma. Eps needs the latent x, which the
+policy never sees; it doesn't have to: with y = x / sigma an Euler step is y' = y + (1/sigma' - 1/sigma) x0, so y
+is known from the x0 the sampler used up to the initial noise's y, which cancels from every forecast.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from typing import Any
+
+import numpy as np
+
+from ..errors import AnimaError
+
+AUTO_OPTIONS = {"tol": float, "budget": int, "guard": float, "warmup": int}
+# Chosen on the demo model's tuning prompts and seeds (benchmarks/auto_cache.py --prompts 24 --prompt-seed 3
+# --seed 5000), never on the README's 48 held-out ones. tol applies without a budget; with one it is 0 unless
+# given (spend the whole budget, where the error says).
+AUTO_DEFAULTS = {"tol": 0.05, "guard": 0.2, "warmup": 3}
+# Forecast error grows like (steps since the last computed one) ** ORDER: on the demo model's uncached
+# trajectories the error of a forecast 1, 2, 3 steps ahead is about 0.05, 0.09, 0.12 in the late steps.
+ORDER = 1.0
+# Share of the straight-line extrapolation the forecast takes: the full line overshoots a trajectory that bends
+# (0.5 was best of 0, 0.25, 0.5, 0.75, 1 on those trajectories).
+DAMPING = 0.5
+# What a forecast is charged before any measurement (only a budget of warm-up steps forecasts that early): as far
+# off as x0 itself, so the estimate never claims a precision nobody measured.
+UNMEASURED_LEVEL = 1.0
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise AnimaError(message)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) \
+        and bool(np.isfinite(value))
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+class AutoCache:
+    """Warm-up, then forecast a step only while its expected share of the final error is under `tol`.
+
+    `budget` (computed steps, optional) is a hard cap: the policy never computes more on its own, and spends
+    what it has where the measured error says. `guard`: a measured relative x0 error above it makes the next step
+    a computed one (while the budget has a call left). The sampler's own refusal of a non-finite forecast is the
+    one thing that can add a call beyond the budget.
+    """
+
+    name = "auto"
+
+    def __init__(self, num_steps: int, tol: float | None = None, budget: int | None = None,
+                 guard: float = AUTO_DEFAULTS["guard"], warmup: int = AUTO_DEFAULTS["warmup"]) -> None:
+        _check(_count(num_steps) and num_steps >= 1, f"number of steps must be a positive integer, got {num_steps!r}")
+        if tol is None:
+            tol = AUTO_DEFAULTS["tol"] if budget is None else 0.0
+        _check(_number(tol) and tol >= 0, f"cache option tol must be a number >= 0, got {tol!r}")
+        _check(_number(guard) and guard > 0, f"cache option guard must be a number > 0, got {guard!r}")
+        _check(_count(warmup) and warmup >= 2, f"cache option warmup must be an integer >= 2 for auto, got {warmup!r}")
+        warm = min(warmup, num_steps)
+        _check(budget is None or (_count(budget) and budget >= warm),
+               f"cache option budget must be an integer of at least the warm-up's {warm} computed steps, "
+               f"got {budget!r}")
+        self.num_steps = int(num_steps)
+        self.tol, self.guard, self.warmup = float(tol), float(guard), int(warmup)
+        self.budget = None if budget is None else int(budget)
+        self._sigmas: list[float] | None = None
+        self._computed: list[int] = []
+        self._skipped: list[int] = []
+        self._errors: list[float | None] = []  # measured relative x0 error per computed step (None: not measured)
+        self._level: float | None = None  # error per unit of distance**ORDER, from the last finite measurement
+        self._settled = 0.0  # the estimate's share from forecast runs that have ended
+        self._y: np.ndarray | None = None  # x / sigma at the current step, less the initial noise's share
+        self._y_before: np.ndarray | None = None  # ... before the last forecast, for withdraw_forecast()
+        self._anchors: list[tuple[int, np.ndarray, np.ndarray]] = []  # last two computed: (step, x0, eps less noise)
+        self._shape: tuple[int, ...] = ()
+        self._dtype = np.dtype(np.float32)
+
+    # ---- the sampler's side ------------------------------------------------------------------------------
+
+    def set_sigmas(self, sigmas: np.ndarray) -> None:
+        sigmas = [float(s) for s in np.asarray(sigmas, dtype=np.float64)]
+        if len(sigmas) != self.num_steps + 1:
+            raise RuntimeError(f"auto cache is set up for {self.num_steps} steps, got {len(sigmas)} sigmas")
+        self._sigmas = sigmas
+
+    def should_skip(self) -> bool:
+        if self._sigmas is None:
+            raise RuntimeError("the sampler hands the auto cache its sigmas before the first step")
+        step = self._step + 1
+        left = None if self.budget is None else self.budget - len(self._computed)
+        if left is not None and left <= 0:
+            return step > 2  # the forecast needs two computed steps
+        if step <= self.warmup or len(self._anchors) < 2 or self._errors[-1] is None \
+                or len(self._open) >= self._longest_run():
+            return False  # warm-up, or the last forecast could not be measured: compute
+        if left is None:
+            return self._errors[-1] <= self.guard and self._cost(step, len(self._open) + 1) <= self.tol
+        tol = max(self.tol, self._budget_tolerance(step, left))
+        if self._errors[-1] > self.guard and self._calls_needed(tol, step + 1, 1) < left:
+            return False  # the guard, as far as the budget can pay for it without starving the later steps
+        return self._cost(step, len(self._open) + 1) <= tol
+
+    def forecast(self) -> np.ndarray:
+        step = self._step + 1
+        x0 = self._predict(step).astype(self._dtype)
+        self._y_before = self._y
+        self._advance(step, x0)
+        self._skipped.append(step)
+        return x0.reshape(self._shape)
+
+    def withdraw_forecast(self) -> None:
+        self._skipped.pop()
+        self._y = self._y_before
+
+    def record(self, x0: np.ndarray) -> None:
+        step = self._step + 1
+        x0 = np.asarray(x0)
+        self._shape, self._dtype = x0.shape, x0.dtype
+        flat = x0.astype(np.float32).ravel()
+        if self._y is None:
+            self._y = np.zeros_like(flat)
+        error = self._measure(step, flat)
+        self._errors.append(error)
+        if error is not None:  # the forecast run that ends here is charged at the error measured here
+            self._level = error / (len(self._open) + 1) ** ORDER
+        self._settled += self._open_estimate()
+        sigma = self._sigmas[step - 1]
+        eps = (self._y.astype(np.float64) - (1.0 / sigma - 1.0) * flat).astype(np.float32)
+        self._anchors = [*self._anchors[-1:], (step, flat, eps)]
+        self._advance(step, flat)
+        self._computed.append(step)
+
+    # ---- what the run reports ------------------------------------------------------------------------------
+
+    @property
+    def error_estimate(self) -> float:
+        """Estimated relative L2 distance of the final latent from the uncached run's."""
+        return self._settled + self._open_estimate()
+
+    @property
+    def measured_errors(self) -> list[float | None]:
+        return list(self._errors)
+
+    @property
+    def computed_steps(self) -> list[int]:
+        return list(self._computed)
+
+    @property
+    def skipped_steps(self) -> list[int]:
+        return list(self._skipped)
+
+    # ---- resume ----------------------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """JSON values and lists of float32 arrays (resume.py stores each list's arrays as tensors). Every array is
+        kept in float32 all along, so a restored run continues bit for bit."""
+        measured = [(step, e) for step, e in zip(self._computed, self._errors) if e is not None]
+        return {"computed": list(self._computed), "skipped": list(self._skipped),
+                "measured_steps": [step for step, _ in measured], "measured_errors": [e for _, e in measured],
+                "level": self._level, "settled": self._settled, "shape": list(self._shape),
+                "y": [] if self._y is None else [self._y], "anchor_steps": [a[0] for a in self._anchors],
+                "anchor_x0": [a[1] for a in self._anchors], "anchor_eps": [a[2] for a in self._anchors]}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        try:
+            computed, skipped = list(state["computed"]), list(state["skipped"])
+            measured_steps, measured_errors = list(state["measured_steps"]), list(state["measured_errors"])
+            level, settled, shape, y = state["level"], state["settled"], tuple(state["shape"]), list(state["y"])
+            steps, x0s, epss = list(state["anchor_steps"]), list(state["anchor_x0"]), list(state["anchor_eps"])
+        except (KeyError, TypeError):
+            raise AnimaError("the cache state is incomplete") from None
+        size = int(np.prod(shape)) if shape and all(_count(n) and n > 0 for n in shape) else -1
+        arrays = [*y, *x0s, *epss]
+        _check(all(_count(s) for s in computed + skipped)
+               and sorted(computed + skipped) == list(range(1, len(computed) + len(skipped) + 1))
+               and len(computed) + len(skipped) <= self.num_steps and computed == sorted(computed)
+               and computed[:2] == [1, 2][:len(computed)]  # the first two steps always run the model
+               and len(measured_steps) == len(measured_errors) and set(measured_steps) <= set(computed)
+               and measured_steps == sorted(set(measured_steps)) and all(_number(e) and e >= 0 for e in measured_errors)
+               and (level is None or (_number(level) and level >= 0)) and _number(settled) and settled >= 0
+               and len(y) == (1 if computed else 0) and steps == computed[-2:] and len(x0s) == len(epss) == len(steps)
+               and all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.shape == (size,) for a in arrays),
+               "the cache state does not fit this run's schedule")
+        self._computed, self._skipped = [int(s) for s in computed], [int(s) for s in skipped]
+        errors = dict(zip(measured_steps, measured_errors))
+        self._errors = [float(errors[s]) if s in errors else None for s in self._computed]
+        self._level = None if level is None else float(level)
+        self._settled, self._shape, self._dtype = float(settled), shape, np.dtype(np.float32)
+        self._y = np.array(y[0], copy=True) if y else None
+        self._anchors = [(int(s), np.array(a, copy=True), np.array(e, copy=True)) for s, a, e in zip(steps, x0s, epss)]
+
+    # ---- inside -----------------------------------------------------------------------------------------------
+
+    @property
+    def _step(self) -> int:
+        """Steps finished so far; the current step is _step + 1."""
+        return len(self._computed) + len(self._skipped)
+
+    @property
+    def _open(self) -> list[int]:
+        """Steps forecast since the last computed one."""
+        last = self._computed[-1] if self._computed else 0
+        return [s for s in self._skipped if s > last]
+
+    def _longest_run(self) -> int:
+        """A forecast run is at most one step longer than the last one: the error model is only trusted one step
+        beyond what was measured (without this, the warm-up's one-step errors invite long early runs that land
+        far off, the forecast error growing much faster than linearly at high noise)."""
+        return self._computed[-1] - max([s for s in self._computed[:-1]], default=0)
+
+    def _advance(self, step: int, x0: np.ndarray) -> None:
+        """y of the next step from the x0 the sampler used on this one (nothing follows the last step)."""
+        sigma, sigma_next = self._sigmas[step - 1], self._sigmas[step]
+        if sigma_next > 0:
+            self._y = (self._y.astype(np.float64) + (1.0 / sigma_next - 1.0 / sigma) * x0.ravel()).astype(np.float32)
+
+    def _predict(self, step: int) -> np.ndarray:
+        """x0 of `step` from the last two computed steps (flat float64, from the float32 state)."""
+        (a, x0_a, eps_a), (b, x0_b, eps_b) = ((s, x.astype(np.float64), e.astype(np.float64))
+                                              for s, x, e in self._anchors[-2:][::-1])
+        sigma, sigma_a, sigma_b = self._sigmas[step - 1], self._sigmas[a - 1], self._sigmas[b - 1]
+        reach = DAMPING * (sigma - sigma_a) / (sigma_a - sigma_b)
+        from_x0 = x0_a + reach * (x0_a - x0_b)
+        if sigma >= 1.0:
+            return from_x0
+        from_eps = sigma * (self._y.astype(np.float64) - (eps_a + reach * (eps_a - eps_b))) / (1.0 - sigma)
+        return sigma**2 * from_x0 + (1.0 - sigma**2) * from_eps
+
+    def _measure(self, step: int, x0: np.ndarray) -> float | None:
+        """Relative L2 error of the forecast for this computed step; None before two steps are stored or when it
+        is not finite (such a step counts as unmeasured, so the next one is computed too)."""
+        if len(self._anchors) < 2:
+            return None
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            error = float(np.linalg.norm(self._predict(step) - x0) / np.linalg.norm(x0.astype(np.float64)))
+        return error if math.isfinite(error) else None
+
+    def _cost(self, step: int, distance: int) -> float:
+        """Expected share of the final relative error of forecasting `step` at `distance` from the last computed."""
+        sigma, sigma_next = self._sigmas[step - 1], self._sigmas[step]
+        level = UNMEASURED_LEVEL if self._level is None else self._level
+        return (sigma - sigma_next) / sigma * level * distance**ORDER
+
+    def _open_estimate(self) -> float:
+        return sum(self._cost(step, d) for d, step in enumerate(self._open, start=1))
+
+    def _calls_needed(self, tol: float, step: int, distance: int) -> int:
+        """Computed steps the rest of the run (from `step`, at `distance` from a computed one) takes at `tol`."""
+        calls = 0
+        for s in range(step, self.num_steps + 1):
+            if self._cost(s, distance) <= tol:
+                distance += 1
+            else:
+                calls, distance = calls + 1, 1
+        return calls
+
+    def _budget_tolerance(self, step: int, left: int) -> float:
+        """The smallest tolerance (among the costs that can occur) at which the rest of the run fits `left` calls."""
+        reach = len(self._open) + self.num_steps - step + 1
+        # 0 first: computing every step that costs anything may fit already.
+        candidates = [0.0, *sorted({self._cost(s, d) for s in range(step, self.num_steps + 1)
+                                    for d in range(1, reach + 1)})]
+        distance = len(self._open) + 1
+        index = bisect.bisect_left(candidates, True, key=lambda tol: self._calls_needed(tol, step, distance) <= left)
+        return candidates[min(index, len(candidates) - 1)]
