@@ -1,0 +1,209 @@
+"""Ray mode: the same jobs spread over a Ray cluster (a head on a PC, `ray start --address=...` on each board).
+
+One long-lived actor per worker slot (a slot = the resources one actor asks for, e.g. {"npu": 1} on a node that
+advertises one NPU) loads the model once and takes one job at a time from the driver, so a fast node simply
+takes more jobs. Before its first job each actor compares its model files with the driver's (fingerprints)
+and is refused on a difference. Images come back as PNG bytes and only the driver writes the output folder,
+so workers need no shared file system. A worker that dies mid-job is restarted by Ray (a bounded number of
+times) and its job goes back to the front of the queue: retried, never lost, and published once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import sys
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import AnimaError
+from ..model_set import ModelFiles
+from .jobs import BatchJob
+from .local import Publish
+from .results import Outcome
+from .worker import Expected, Worker, package_version, worker_name
+
+LOCAL = "local"  # --ray local: a private one-machine cluster, started and stopped with the batch
+ACTOR_RESTARTS = 3  # a worker that keeps dying is given up after this many restarts
+JOB_ATTEMPTS = 3  # a job that kills its worker this many times is recorded as failed, not tried forever
+DEFAULT_RESOURCES = {"CPU": 1.0}
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ModuleNotFoundError:
+        raise AnimaError("--ray needs Ray: pip install 'anima-rknn[ray]'") from None
+    return ray
+
+
+def parse_resources(text: str | None) -> dict[str, float]:
+    """--ray-resources '{"npu": 1}': what each actor asks of its node. Default: one CPU."""
+    if text is None:
+        return dict(DEFAULT_RESOURCES)
+    try:
+        resources = json.loads(text)
+    except (ValueError, RecursionError):
+        raise AnimaError(f"--ray-resources must be a JSON object such as '{{\"npu\": 1}}', got {text!r}") from None
+    if not isinstance(resources, dict) or not resources or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+            for v in resources.values()):
+        raise AnimaError(f"--ray-resources must map resource names to positive numbers, got {text!r}")
+    return {str(k): float(v) for k, v in resources.items()}
+
+
+def slots(nodes: list[dict[str, Any]], resources: dict[str, float]) -> int:
+    """How many actors asking for `resources` the live nodes can hold at once (each node counted alone)."""
+    return sum(int(min(node["Resources"].get(name, 0.0) / need for name, need in resources.items()))
+               for node in nodes if node.get("Alive"))
+
+
+def _check_reachable(address: str) -> None:
+    """A HOST:PORT head that does not answer is refused at once (Ray itself would retry for minutes)."""
+    host, colon, port = address.rpartition(":")
+    if not colon or not port.isdigit() or "://" in address:
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as e:
+        raise AnimaError(f"cannot reach the Ray head at {address}: {e.strerror or e}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _actor_options(resources: dict[str, float]) -> dict[str, Any]:
+    custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU", "memory")}
+    return {"num_cpus": resources.get("CPU", 0.0), "num_gpus": resources.get("GPU", 0.0),
+            **({"memory": resources["memory"]} if "memory" in resources else {}),
+            **({"resources": custom} if custom else {}),
+            "max_restarts": ACTOR_RESTARTS, "max_task_retries": 0}
+
+
+class RemoteWorker(Worker):
+    """A Worker as a Ray actor: a start that fails (a model file missing on its node) is reported by check() in
+    one line, instead of as a dead actor with a traceback."""
+
+    def __init__(self, files: ModelFiles, keep_models: bool, threads: int | None) -> None:
+        self.failed: str | None = None
+        try:
+            super().__init__(files, keep_models, threads)
+        except AnimaError as e:
+            self.name = worker_name()
+            self.failed = f"{self.name}: {e}"
+
+    def check(self, expected: Expected, driver_version: str) -> tuple[str, str | None]:
+        return (self.name, self.failed) if self.failed else super().check(expected, driver_version)
+
+
+class RayRunner:
+    """`address`: "auto" (the running cluster), a cluster address, or "local". Use as a context manager."""
+
+    def __init__(self, address: str, files: ModelFiles, expected: Expected, *, keep_models: bool,
+                 resources: dict[str, float] | None = None, max_workers: int | None = None,
+                 local_cpus: int | None = None,
+                 on_dispatch: Callable[[BatchJob, str], None] | None = None,
+                 warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> None:
+        self.ray = import_ray()
+        self.address, self.files, self.expected, self.keep_models = address, files, expected, keep_models
+        self.resources = resources or dict(DEFAULT_RESOURCES)
+        self.max_workers, self.local_cpus, self.on_dispatch, self.warn = max_workers, local_cpus, on_dispatch, warn
+
+    def __enter__(self) -> RayRunner:
+        """Connects and counts the worker slots, so that a cluster that cannot run the batch is refused before
+        anything is written."""
+        ray = self.ray
+        _check_reachable(self.address)
+        try:
+            ray.init(address=self.address,  # "local" starts a new cluster even where `ray start` runs one
+                     num_cpus=self.local_cpus if self.address == LOCAL else None,
+                     include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        except ConnectionError as e:
+            raise AnimaError(f"no Ray cluster at {self.address!r} ({_first_line(e)}): start one with "
+                             "`ray start --head`, or pass --ray local") from None
+        self.count = min(slots(ray.nodes(), self.resources), self.max_workers or 2**31)
+        if self.count == 0:
+            ray.shutdown()
+            raise AnimaError(f"no node of the Ray cluster has the resources {json.dumps(self.resources)} "
+                             "for one worker (see `ray status`)")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.ray.shutdown()  # the actors belong to this driver: they end with it
+
+    def _start_workers(self) -> list[Any]:
+        # As many threads as the CPUs reserved, or the node's every core when the slot is a custom resource (a board).
+        threads = int(self.resources["CPU"]) if self.resources.get("CPU", 0) >= 1 else 0
+        actor = self.ray.remote(**_actor_options(self.resources))(RemoteWorker)
+        return [actor.remote(self.files, self.keep_models, threads) for _ in range(self.count)]
+
+    def run(self, jobs: list[BatchJob], publish: Publish) -> None:
+        if not jobs:
+            return
+        ray = self.ray
+        from ray.exceptions import RayActorError, RayTaskError
+
+        version = package_version()
+        actors = self._start_workers()
+        checking = {actor.check.remote(self.expected, version): actor for actor in actors}
+        names: dict[Any, str] = {}  # actor -> its worker name (host:pid), from its check
+        idle: list[Any] = []
+        pending, running = deque(jobs), {}
+        attempts: dict[str, int] = {}
+        refused: list[str] = []
+        published: set[str] = set()
+        while pending or running:
+            while idle and pending:
+                actor, job = idle.pop(), pending.popleft()
+                running[actor.run.remote(job)] = (actor, job)
+                if self.on_dispatch is not None:
+                    self.on_dispatch(job, names.get(actor, "?"))
+            if not running and not checking:
+                raise AnimaError("no worker is left to run the batch"
+                                 + (": " + "; ".join(refused) if refused else " (every one died)")
+                                 + f"; {len(pending)} jobs not done; run the same command again to continue")
+            ready, _ = ray.wait([*running, *checking], num_returns=1)
+            ref = ready[0]
+            if ref in checking:
+                actor = checking.pop(ref)
+                try:
+                    names[actor], problem = ray.get(ref)
+                except (RayActorError, RayTaskError) as e:
+                    problem = f"a worker could not start: {_first_line(e)}"
+                if problem is None:
+                    idle.append(actor)
+                else:
+                    refused.append(problem)
+                    self.warn(f"worker refused: {problem}")
+                    ray.kill(actor, no_restart=True)
+                continue
+            actor, job = running.pop(ref)
+            try:
+                outcome = ray.get(ref)
+            except RayActorError:  # the worker died mid-job: the job is run again, on whoever is free first
+                attempts[job.id] = attempts.get(job.id, 0) + 1
+                if attempts[job.id] < JOB_ATTEMPTS:
+                    pending.appendleft(job)
+                else:
+                    outcome = Outcome(job.id, names.get(actor, "?"), 0.0,
+                                      error=f"its worker died {JOB_ATTEMPTS} times while running it")
+                    self._publish_once(job, outcome, publish, published)
+                # Ray restarts it (model loaded anew); it is checked again before it takes another job.
+                checking[actor.check.remote(self.expected, version)] = actor
+                continue
+            except RayTaskError as e:  # a bug, not a bad job: recorded in one line, the batch goes on
+                outcome = Outcome(job.id, names.get(actor, "?"), 0.0,
+                                  error=f"internal error: {_first_line(e.cause or e)}")
+            self._publish_once(job, outcome, publish, published)
+            idle.append(actor)
+
+    @staticmethod
+    def _publish_once(job: BatchJob, outcome: Outcome, publish: Publish, published: set[str]) -> None:
+        # One job is on one worker at a time, so each outcome arrives once; this keeps that a fact.
+        if job.id in published:
+            raise AssertionError(f"job {job.id} finished twice")
+        published.add(job.id)
+        publish(job, outcome)

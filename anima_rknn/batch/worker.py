@@ -1,0 +1,81 @@
+"""One worker slot: a pipeline loaded once, generating jobs one after another and handing back PNG bytes and
+the result record. The same class runs in the driver's process (local mode) and as a Ray actor, so both
+modes make the same images by the same code."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import torch
+
+from ..errors import AnimaError
+from ..files import png_bytes
+from ..model_set import ModelFiles
+from ..pipeline import AnimaPipeline, GenerationParams, png_parameters
+from ..resume import Checkpoints, read_state
+from ..sampling.euler import StepCallback
+from .jobs import BatchJob
+from .results import Outcome
+
+# Model expectations the driver sends: for each kind of run in the batch, its settings and the fingerprints
+# the driver's own files have (pipeline.fingerprints).
+Expected = list[tuple[GenerationParams, dict[str, str | None]]]
+WHAT = {"subgraphs": "subgraph set", "loras": "set of LoRA files"}  # fingerprints' names, in words
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def package_version() -> str:
+    from importlib.metadata import version
+
+    return version("anima-rknn")
+
+
+class Worker:
+    def __init__(self, files: ModelFiles, keep_models: bool, threads: int | None = None) -> None:
+        """`threads`: torch's threads; 0 = every core of this machine (a Ray actor that reserved no CPUs would
+        otherwise get Ray's OMP_NUM_THREADS=1); None = as they are."""
+        if threads is not None:
+            torch.set_num_threads(threads or os.cpu_count() or 1)
+        self.pipeline = AnimaPipeline(files.check(), keep_dit=keep_models)
+        self.name = worker_name()
+
+    def check(self, expected: Expected, driver_version: str) -> tuple[str, str | None]:
+        """(this worker's name, None) when it would make the driver's images: the same package version, and
+        model files with the driver's fingerprints; else (name, what differs, in words)."""
+        if package_version() != driver_version:
+            return self.name, f"{self.name} runs anima-rknn {package_version()}, the driver {driver_version}"
+        for params, prints in expected:
+            try:
+                mine = self.pipeline.fingerprints(params)
+            except AnimaError as e:
+                return self.name, f"{self.name}: {e}"
+            differ = [name for name in prints if mine.get(name) != prints[name]]
+            if differ:
+                files = ", ".join(WHAT.get(name, name.replace("_", " ") + " file") for name in differ)
+                return self.name, f"{self.name} has another {files} than the driver under the same path"
+        return self.name, None
+
+    def run(self, job: BatchJob, checkpoints: Checkpoints | None = None,
+            on_step: StepCallback | None = None) -> Outcome:
+        """One job. With `checkpoints`, a state left by an interrupted run of this job is continued, and a stop
+        asked for ends the run with resume.Interrupted (its state kept for the next time)."""
+        start = time.perf_counter()
+        resume = None
+        if checkpoints is not None and checkpoints.path.is_file():
+            try:
+                resume = read_state(checkpoints.path)
+            except AnimaError:
+                resume = None  # a damaged state of this job is worth nothing: start over, the next checkpoint replaces it
+        try:
+            result = self.pipeline.generate(job.params, on_step, checkpoints=checkpoints, resume=resume)
+            if not result.finite:
+                raise AnimaError("the final latent is not finite (NaN/Inf); no image was written")
+        except AnimaError as e:
+            return Outcome(job.id, self.name, time.perf_counter() - start, error=str(e))
+        png = png_bytes(result.image, png_parameters(job.params, self.pipeline.files.dit.name, result))
+        return Outcome(job.id, self.name, time.perf_counter() - start, png=png, summary=result.summary(job.image))
