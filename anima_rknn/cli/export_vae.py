@@ -1,0 +1,29 @@
+"""`anima-rknn export-vae`: write the VAE decoder for one fixed tile size as an ONNX set."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..export.vae import DEFAULT_OVERLAP, DEFAULT_TILE, export_vae_decoder
+from ..model_set import part_file
+from . import cli
+
+
+@cli.command("export-vae")
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Model directory in the Hugging Face layout (VAE: split_files/vae/*.safetensors). "
+                   "Default: the shipped demo model.")
+@click.option("--vae", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="VAE .safetensors file.")
+@click.option("--tile", type=int, default=DEFAULT_TILE, show_default=True,
+              help="Tile size in pixels (a multiple of the VAE's scale, 8): generate decodes with this tile, "
+                   "so images must be at least this large.")
+@click.option("--overlap", type=int, default=DEFAULT_OVERLAP, show_default=True,
+              help="Tile overlap in pixels that verify-rknn blends with (generate takes --vae-tile-overlap).")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Folder for the set.")
+@click.option("--overwrite", is_flag=True, help="Replace what is already in --out.")
+def export_vae(model_dir: Path | None, vae: Path | None, tile: int, overlap: int, out: Path, overwrite: bool) -> None:
+    """Export the VAE decoder for one tile size (latent de-normalisation included) as an ONNX set."""
+    manifest = export_vae_decoder(part_file(model_dir, vae, "vae"), out, tile, overlap, overwrite=overwrite)
+    click.echo(f"wrote the VAE decoder for {tile}x{tile} tiles and {manifest.name} to {out}")

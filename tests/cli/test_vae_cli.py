@@ -1,0 +1,60 @@
+"""export-vae and generate --vae-backend onnx as a user runs them: the decode on ONNX Runtime tiles, and every
+set that does not fit refused in one line before any work, nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# ---- the commands ----------------------------------------------------------------------------------------------
+
+
+def test_export_vae_refuses_bad_tiles_in_one_line_and_writes_nothing(run_cli, tiny_set, tmp_path):
+    for args, message in [(("--tile", "36"), "must be a positive multiple of the VAE's scale (8 px)"),
+                          (("--tile", "32", "--overlap", "20"), "overlap must be a multiple of 8 px from 0 to half")]:
+        out = tmp_path / "set"
+        result = run_cli("export-vae", "--vae", tiny_set.vae, *args, "--out", out)
+        assert result.code == 1 and message in result.err and result.err.count("\n") == 1
+        assert not out.exists()
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes(tiny_set.vae.read_bytes()[:1000])
+    result = run_cli("export-vae", "--vae", corrupt, "--tile", "32", "--out", tmp_path / "set")
+    assert result.code == 1 and result.err.count("\n") == 1 and not (tmp_path / "set").exists()
+
+
+GENERATE = ("generate", "-p", "a red circle", "--steps", "2", "-W", "112", "-H", "112", "--vae-tile-size", "64",
+            "--vae-tile-overlap", "16")  # 2x2 tiles
+
+
+def test_generate_decodes_on_the_onnx_backend_like_torch(run_cli, model_dir, tiny_vae_onnx_set, tmp_path):
+    on_torch = run_cli(*GENERATE, "--model", model_dir, "--vae-tiling", "--out", tmp_path / "torch.png")
+    on_onnx = run_cli(*GENERATE, "--model", model_dir, "--vae-backend", "onnx", "--vae-subgraphs", tiny_vae_onnx_set,
+                      "--json", "--out", tmp_path / "onnx.png")
+    assert on_torch.code == 0 and on_onnx.code == 0, on_onnx.err
+    assert json.loads(on_onnx.out)["vae_backend"] == "onnx"
+    a, b = (np.asarray(Image.open(tmp_path / f"{name}.png"), np.int16) for name in ("torch", "onnx"))
+    assert np.abs(a - b).max() <= 1  # 2e-5 apart before rounding to 8 bits
+    assert "VAE backend: onnx" in Image.open(tmp_path / "onnx.png").info["parameters"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--vae-backend", "onnx", "--vae-subgraphs", "SET", "--vae-tile-size", "96"),
+     "decodes 64-px tiles, asked for 96: pass --vae-tile-size 64"),
+    (("--vae-backend", "onnx"), "needs an exported VAE set (--vae-subgraphs DIR)"),
+    (("--vae-subgraphs", "SET"), "runs on --vae-backend onnx or rknn, not torch"),
+    (("--vae-backend", "onnx", "--vae-subgraphs", "SET", "--no-vae-tiling"), "drop --no-vae-tiling"),
+    (("--vae-backend", "onnx", "--vae-subgraphs", "SET", "-W", "48"), "larger than the 48x112 image"),
+])
+def test_generate_refuses_a_set_that_does_not_fit_before_any_work(run_cli, model_dir, tiny_vae_onnx_set, tmp_path, args,
+                                                                  message):
+    args = tuple(str(tiny_vae_onnx_set) if a == "SET" else a for a in args)
+    result = run_cli(*GENERATE, *args, "--model", model_dir, "--out", tmp_path / "x.png")
+    assert result.code == 1 and message in result.err and result.err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
