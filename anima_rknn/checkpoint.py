@@ -262,6 +262,6 @@ def check_shapes(found: Mapping[str, Sequence[int]], expected: Mapping[str, Sequ
 
 
 def save_tensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike,
-                 metadata: Mapping[str, str] | None = None) -> None:
-    with atomic_path(path, overwrite=True) as tmp:
+                 metadata: Mapping[str, str] | None = None, *, overwrite: bool = True) -> None:
+    with atomic_path(path, overwrite=overwrite) as tmp:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=dict(metadata or {}))

@@ -224,16 +224,39 @@ def write_json(path: str | os.PathLike, value: Any, *, overwrite: bool) -> None:
         tmp.write_text(json_text(value, indent=1) + "\n", encoding="utf-8")
 
 
-def save_png(image: Any, path: str | os.PathLike, *, overwrite: bool, parameters: str | None = None,
-             durable: bool = True) -> None:
-    """A PIL image as PNG, with the A1111/ComfyUI `parameters` text chunk that image tools read back."""
+def _png_info(parameters: str | None) -> Any:
     from PIL import PngImagePlugin
 
     info = PngImagePlugin.PngInfo()
     if parameters is not None:
         info.add_text("parameters", parameters)
+    return info
+
+
+def save_png(image: Any, path: str | os.PathLike, *, overwrite: bool, parameters: str | None = None,
+             durable: bool = True) -> None:
+    """A PIL image as PNG, with the A1111/ComfyUI `parameters` text chunk that image tools read back."""
     with atomic_path(path, overwrite=overwrite, durable=durable) as tmp:
-        image.save(tmp, format="PNG", pnginfo=info)
+        image.save(tmp, format="PNG", pnginfo=_png_info(parameters))
+
+
+def png_bytes(image: Any, parameters: str | None = None) -> bytes:
+    """The file save_png would write, as bytes: what a remote worker sends back for the driver to write."""
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", pnginfo=_png_info(parameters))
+    return buffer.getvalue()
+
+
+def write_bytes(path: str | os.PathLike, data: bytes, *, overwrite: bool) -> None:
+    with atomic_path(path, overwrite=overwrite) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text(path: str | os.PathLike, text: str, *, overwrite: bool) -> None:
+    with atomic_path(path, overwrite=overwrite) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 class Unreadable(Exception):

@@ -17,6 +17,7 @@ HUB_FILES = {
     "vae": "split_files/vae/qwen_image_vae.safetensors",
 }
 HUB_TOKENIZERS = {"qwen3": "Qwen/Qwen3-0.6B", "t5": "google/t5-v1_1-xxl"}
+PART_NAMES = {"dit": "diffusion model", "text_encoder": "text encoder", "vae": "VAE"}  # the checkpoint files
 LAYOUT = {
     "dit": "split_files/diffusion_models",
     "text_encoder": "split_files/text_encoders",
@@ -56,14 +57,25 @@ def single_safetensors(folder: Path, what: str) -> Path:
     return found[0]
 
 
+def part_file(model_dir: Path | None, given: Path | None, part: str) -> Path:
+    """One file of a model set for a command that needs only it: `given` (--dit / --vae FILE), or the one in
+    --model DIR's layout; neither means the shipped demo model's."""
+    flag = "--" + part.replace("_", "-")
+    if model_dir is not None and given is not None:
+        raise AnimaError(f"pass one of --model DIR or {flag} FILE, not both")
+    if given is not None:
+        return given
+    if model_dir is None:
+        return getattr(resolve(None), part)
+    return single_safetensors(model_dir / LAYOUT[part], PART_NAMES[part])
+
+
 def from_model_dir(root: str | os.PathLike) -> ModelFiles:
     root = Path(root)
     if not root.is_dir():
         raise AnimaError(f"model directory not found: {root}")
     return ModelFiles(
-        dit=single_safetensors(root / LAYOUT["dit"], "diffusion model"),
-        text_encoder=single_safetensors(root / LAYOUT["text_encoder"], "text encoder"),
-        vae=single_safetensors(root / LAYOUT["vae"], "VAE"),
+        **{part: single_safetensors(root / LAYOUT[part], name) for part, name in PART_NAMES.items()},
         qwen_tokenizer=root / LAYOUT["qwen_tokenizer"],
         t5_tokenizer=root / LAYOUT["t5_tokenizer"],
     ).check()

@@ -11,18 +11,21 @@ import math
 import secrets
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from PIL import Image
 
 from .checkpoint import fingerprint, read_shapes
+from .cpu_speed import resolve_dtype
 from .engine import BACKENDS, RknnOptions, make_engine, subgraph_manifest
+from .engine.vae_tiles import VAE_BACKENDS, open_tile_decoder, vae_set_manifest
 from .errors import AnimaError
 from .export.manifest import MANIFEST, cached_sha256
 from .memory import available_bytes, return_freed_memory
 from .model.io import load_dit, load_llm_adapter, read_dit_config
+from .model.lora import MAX_LORAS, Lora, LoraRef, lora_fingerprints, lora_refs, lora_tag, open_loras
 from .model_set import ModelFiles
 from .sampling.caches import make_cache
 from .sampling.euler import SampleResult, StepCallback, sample_euler
@@ -95,9 +98,16 @@ class GenerationParams:
     vae_tiling: str = "auto"  # auto: tiles only when decoding in one piece would not fit the free memory
     vae_tile: int = 512  # pixels
     vae_overlap: int = 64
+    vae_backend: str = "torch"  # onnx / rknn: fixed-shape decoder tiles from an exported VAE set, blended here
+    vae_subgraphs: Path | None = None  # that set (export-vae; convert-rknn for rknn)
+    loras: list[LoraRef] = dataclasses.field(default_factory=list)  # merged into the DiT and its adapter
+    lora_ignore_unmatched: bool = False  # skip LoRA keys that name no layer of this model
 
     def __post_init__(self) -> None:
         self.seed = resolve_seed(self.seed)
+        self.dtype = resolve_dtype(self.dtype)  # "auto": what this CPU runs fastest (cpu_speed); reported as chosen
+        if isinstance(self.loras, (list, tuple)):  # from JSON (resume states, requests): paths and scales
+            self.loras = lora_refs(self.loras)
 
     def validate(self) -> None:
         """Every setting checked before any model loads: one AnimaError line for the first problem."""
@@ -123,9 +133,22 @@ class GenerationParams:
         if self.vae_tile % 8 or self.vae_overlap % 8:
             raise AnimaError(f"VAE tile size and overlap must be multiples of 8 pixels, "
                              f"got {self.vae_tile} and {self.vae_overlap}")
+        if self.vae_backend not in VAE_BACKENDS:
+            raise AnimaError(f"unknown VAE backend {self.vae_backend!r}; choose one of {', '.join(VAE_BACKENDS)}")
+        if self.vae_backend == "torch" and self.vae_subgraphs is not None:
+            raise AnimaError("a VAE set (--vae-subgraphs) runs on --vae-backend onnx or rknn, not torch")
+        if self.vae_backend != "torch" and self.vae_tiling == "off":
+            raise AnimaError(f"the {self.vae_backend} VAE backend always decodes in its set's tiles: "
+                             "drop --no-vae-tiling")
         if not isinstance(self.cache_options, dict):
             raise AnimaError("cache options must be a dict of option names to values")
         make_cache(self.cache, self.steps, self.cache_options)  # bad cache options fail before any model loads
+        if not isinstance(self.loras, list) or len(self.loras) > MAX_LORAS:
+            raise AnimaError(f"loras must be a list of at most {MAX_LORAS} LoRA files with scales")
+        for ref in self.loras:
+            ref.check()
+        if not isinstance(self.lora_ignore_unmatched, bool):
+            raise AnimaError("lora_ignore_unmatched must be true or false")
 
 
 @dataclasses.dataclass
@@ -163,6 +186,25 @@ class GenerationResult:
         return {"encode_s": self.conditioning.encode_s, "denoise_s": denoise_s, "decode_s": self.decode_s,
                 "total_s": denoise_s + self.decode_s}
 
+    def summary(self, image: str | None) -> dict[str, Any]:
+        """The one result record: `generate --json` prints it, a server job and a batch result line report it.
+        `image` says where the picture is (None: not written)."""
+        sample, params = self.denoised.sample, self.params
+        return {
+            "image": image,
+            "width": params.width, "height": params.height, "steps": params.steps, "cfg": params.cfg,
+            "seed": params.seed, "backend": params.backend, "dtype": params.dtype, "cache": params.cache,
+            "vae_backend": params.vae_backend,
+            "cache_options": params.cache_options,
+            "loras": [{"name": ref.name, **ref.as_json()} for ref in params.loras],
+            "timings": {k: round(v, 4) for k, v in self.timings().items()},
+            "transformer_passes": self.denoised.transformer_passes, "subgraph_runs": self.denoised.subgraph_runs,
+            "computed_steps": sample.computed_steps, "skipped_steps": sample.skipped_steps,
+            "recomputed_steps": sample.recomputed_steps,
+            "cache_error_estimate": sample.error_estimate,  # None: the cache does not measure itself
+            "finite": self.finite,
+        }
+
 
 def initial_noise(seed: int, width: int, height: int, channels: int = 16) -> np.ndarray:
     """The same noise on every machine: torch's CPU generator, float32."""
@@ -182,19 +224,32 @@ class AnimaPipeline:
         self.tokenizer = PromptTokenizer.from_dirs(files.qwen_tokenizer, files.t5_tokenizer)
         self.keep_dit = keep_dit  # the bench runs several denoise passes on one loaded DiT
         self._dit = None
-        self._dit_dtype: str | None = None
+        self._dit_key: tuple | None = None
+        self._loras: tuple[tuple, list[Lora]] | None = None
 
-    def _load_dit(self, dtype: str):
-        if self._dit is not None and self._dit_dtype == dtype:
+    def open_loras(self, refs: list[LoraRef], ignore_unmatched: bool = False) -> list[Lora]:
+        """The LoRA files checked against this DiT (headers, key names, shapes); the last set is kept, so its
+        sha256 is taken once."""
+        key = (tuple(refs), ignore_unmatched, tuple(ref.path.stat()[6:9] for ref in refs))  # a replaced file is new
+        if self._loras is None or self._loras[0] != key:
+            self._loras = key, open_loras(refs, self.dit_config, ignore_unmatched=ignore_unmatched)
+        return self._loras[1]
+
+    def _load_dit(self, dtype: str, loras: list[Lora]):
+        key = (dtype, tuple(lora.ref for lora in loras))
+        if self._dit is not None and self._dit_key == key:
             return self._dit
+        self._dit = None  # a kept DiT with other settings goes before the next one loads
         # Kept for several runs it is loaded whole; otherwise just what denoising needs, in the least memory.
-        dit = load_dit(self.files.dit, DTYPES[dtype], denoise_only=not self.keep_dit)
+        dit = load_dit(self.files.dit, DTYPES[dtype], denoise_only=not self.keep_dit, loras=loras, just_in_time=True)
         if self.keep_dit:
-            self._dit, self._dit_dtype = dit, dtype
+            self._dit, self._dit_key = dit, key
         return dit
 
-    def encode(self, prompt: str, negative: str, dtype: str = "fp32") -> Conditioning:
-        """Qwen3 hidden states for both prompts (encoder freed afterwards), then the adapter from the DiT file.
+    def encode(self, prompt: str, negative: str, dtype: str = "fp32", loras: list[LoraRef] = (),
+               lora_ignore_unmatched: bool = False) -> Conditioning:
+        """Qwen3 hidden states for both prompts (encoder freed afterwards), then the adapter from the DiT file
+        with `loras` merged.
 
         `dtype` names the bodies' dtype of a kept DiT, whose adapter is then used; otherwise the adapter is
         loaded alone and freed."""
@@ -209,7 +264,9 @@ class AnimaPipeline:
             states = [encoder.encode(t.qwen_ids) for t in tokens]
         del encoder  # freed here, before the adapter loads (passing it to a helper could not free it)
         return_freed_memory()
-        adapter = self._load_dit(dtype).llm_adapter if self.keep_dit else load_llm_adapter(self.files.dit)
+        opened = self.open_loras(list(loras), lora_ignore_unmatched)
+        adapter = (self._load_dit(dtype, opened).llm_adapter if self.keep_dit
+                   else load_llm_adapter(self.files.dit, opened))
         with torch.no_grad():
             contexts = [adapter.condition(s, torch.tensor([t.t5_ids]), torch.tensor([t.t5_weights]))
                         for s, t in zip(states, tokens)]
@@ -230,7 +287,7 @@ class AnimaPipeline:
         else:
             cache.restore(resume.cache_state)
             first, x, recomputed = resume.step, resume.latent, resume.recomputed
-        dit = self._load_dit(params.dtype)
+        dit = self._load_dit(params.dtype, self.open_loras(params.loras, params.lora_ignore_unmatched))
         engine = make_engine(dit, params.backend, subgraphs=params.subgraphs, width=params.width,
                              height=params.height, dit_path=self.files.dit, rknn=params.rknn)
         cfg = params.cfg
@@ -260,13 +317,25 @@ class AnimaPipeline:
         return_freed_memory()
         return Denoised(sample, passes, subgraph_runs, elapsed)
 
-    def decode(self, latent: np.ndarray, tile: int | None = None, overlap: int = 64) -> tuple[Image.Image, float]:
+    def decode(self, latent: np.ndarray, tile: int | None = None, overlap: int = 64, *, backend: str = "torch",
+               subgraphs: Path | None = None, rknn: RknnOptions = RknnOptions()) -> tuple[Image.Image, float]:
+        """The latent as an image, in one piece or `tile`-px tiles; on `backend` the tiles run from the exported
+        VAE set in `subgraphs` (one tile shape: the latent is cut and blended here, as for torch)."""
         start = time.perf_counter()
-        vae = load_vae(self.files.vae)
         z = torch.from_numpy(latent)
-        with torch.no_grad():
-            pixels = vae.decode(z) if tile is None else decode_tiled(vae, z, tile, overlap)
-        del vae
+        if backend == "torch":
+            decoder = load_vae(self.files.vae)
+        else:
+            height, width = (side * self.vae_config.scale_factor for side in z.shape[-2:])
+            manifest = vae_set_manifest(backend, subgraphs, self.files.vae, width, height)
+            decoder = open_tile_decoder(backend, subgraphs, manifest, rknn)
+        try:
+            with torch.no_grad():
+                pixels = decoder.decode(z) if tile is None else decode_tiled(decoder, z, tile, overlap)
+        finally:
+            if backend != "torch":
+                decoder.close()
+        del decoder
         return_freed_memory()
         if not bool(torch.isfinite(pixels).all()):
             raise AnimaError(f"the VAE decoded non-finite pixels (NaN/Inf): check {self.files.vae.name}; "
@@ -277,19 +346,27 @@ class AnimaPipeline:
     def prepare(self, params: GenerationParams) -> int | None:
         """Everything about a run that can be checked before the models load: the settings, the subgraph set
         (fits this DiT and resolution), and the VAE decode's memory. Returns the VAE tile size for the run (None:
-        one piece), chosen from a memory estimate against the free memory; what cannot fit is refused here."""
+        one piece), chosen from a memory estimate against the free memory; what cannot fit is refused here.
+        The LoRAs are matched to this DiT, and an exported set must have been baked with the same ones."""
         params.validate()
+        loras = self.open_loras(params.loras, params.lora_ignore_unmatched)
         subgraph_manifest(self.dit_config, params.subgraphs, params.backend, self.files.dit, params.width,
-                          params.height)
-        return plan_tiling(self.vae_config, params.width, params.height, params.vae_tiling, params.vae_tile,
-                           available_bytes())
+                          params.height, loras=[lora.identity() for lora in loras])
+        vae_set = vae_set_manifest(params.vae_backend, params.vae_subgraphs, self.files.vae, params.width,
+                                   params.height)
+        if vae_set is not None and vae_set["tile"] != params.vae_tile:
+            raise AnimaError(f"the VAE set in {params.vae_subgraphs} decodes {vae_set['tile']}-px tiles, asked for "
+                             f"{params.vae_tile}: pass --vae-tile-size {vae_set['tile']} or export another set")
+        return plan_tiling(self.vae_config, params.width, params.height,
+                           "on" if vae_set is not None else params.vae_tiling, params.vae_tile, available_bytes())
 
     def fingerprints(self, params: GenerationParams) -> dict[str, str | None]:
         """What a resume state remembers of the model: the three checkpoint files (checkpoint.fingerprint) and
         the subgraph set, by its manifest, which holds the sha256 of every file in it (checked by prepare())."""
         prints: dict[str, str | None] = {"dit": fingerprint(self.files.dit, "DiT"),
                                          "text_encoder": fingerprint(self.files.text_encoder, "text encoder"),
-                                         "vae": fingerprint(self.files.vae, "VAE"), "subgraphs": None}
+                                         "vae": fingerprint(self.files.vae, "VAE"), "subgraphs": None,
+                                         "loras": lora_fingerprints(params.loras)}
         if params.backend != "torch":
             prints["subgraphs"] = cached_sha256(Path(params.subgraphs) / MANIFEST)
         return prints
@@ -308,14 +385,16 @@ class AnimaPipeline:
             resume.check_model(fingerprints, (1, self.dit_config.context_tokens, self.dit_config.context_dim))
             conditioning = resume.conditioning
         else:
-            conditioning = self.encode(params.prompt, params.negative, params.dtype)
+            conditioning = self.encode(params.prompt, params.negative, params.dtype, params.loras,
+                                       params.lora_ignore_unmatched)
         if checkpoints is not None:
             checkpoints.stop_before_denoising(params.steps)
             on_step = checkpoints.listener(params, fingerprints, conditioning, on_step, resume)
         denoised = self.denoise(conditioning, params, on_step=on_step, resume=resume)
         image, decode_s = None, 0.0
         if denoised.sample.finite:  # never decode (and never save) a latent with NaN/Inf in it
-            image, decode_s = self.decode(denoised.sample.latent, tile, params.vae_overlap)
+            image, decode_s = self.decode(denoised.sample.latent, tile, params.vae_overlap, backend=params.vae_backend,
+                                          subgraphs=params.vae_subgraphs, rknn=params.rknn)
         return GenerationResult(image, denoised.sample.latent, params, conditioning, denoised, decode_s)
 
 
@@ -329,4 +408,13 @@ def png_parameters(params: GenerationParams, model_name: str, result: Generation
         fields.append("Cache options: " + ",".join(f"{k}={v}" for k, v in params.cache_options.items()))
     if result is not None and params.cache != "none":
         fields.append(f"Computed steps: {len(result.denoised.sample.computed_steps)}/{params.steps}")
-    return f"{params.prompt}\nNegative prompt: {params.negative}\n" + ", ".join(fields)
+        if result.denoised.sample.error_estimate is not None:
+            fields.append(f"Cache error estimate: {result.denoised.sample.error_estimate:.4g}")
+    if params.vae_backend != "torch":
+        fields.append(f"VAE backend: {params.vae_backend}")
+    prompt = params.prompt
+    if params.loras:  # as WebUI writes them: tags in the prompt, short hashes in a field
+        prompt = " ".join([prompt, *(lora_tag(ref) for ref in params.loras)])
+        hashes = ", ".join(f"{ref.name}: {cached_sha256(ref.path)[:12]}" for ref in params.loras)
+        fields.append(f'Lora hashes: "{hashes}"')
+    return f"{prompt}\nNegative prompt: {params.negative}\n" + ", ".join(fields)

@@ -40,7 +40,14 @@ LONG_RUN_S = 60.0
 # Settings that change the picture: a state is refused when any differs. (The RKNN memory budget and NPU
 # core mask only change how fast it is made.)
 SETTINGS = ("prompt", "negative", "width", "height", "steps", "cfg", "seed", "shift", "dtype", "cache",
-            "cache_options", "backend", "vae_tiling", "vae_tile", "vae_overlap")
+            "cache_options", "backend", "vae_tiling", "vae_tile", "vae_overlap", "loras", "lora_ignore_unmatched")
+FINGERPRINTS = {"dit", "text_encoder", "vae", "subgraphs", "loras"}  # "loras": in states written since LoRAs
+_ADDED_SETTINGS = {"loras": [], "lora_ignore_unmatched": False}  # states written before these existed had none
+
+
+def settings_of(params: GenerationParams) -> dict[str, Any]:
+    """The settings that make the picture, as JSON values: what a resume state and a batch record hold."""
+    return {name: getattr(params, name) for name in SETTINGS} | {"loras": [r.as_json() for r in params.loras]}
 
 
 class Interrupted(Exception):
@@ -83,9 +90,10 @@ class ResumeState:
 
     def check_model(self, fingerprints: dict[str, str | None], context_shape: tuple[int, ...]) -> None:
         """Refuse a state made with other model files or a subgraph set, or whose contexts this DiT cannot take."""
-        for name, ours in self.fingerprints.items():
-            if ours != fingerprints.get(name):
-                what = "subgraph set" if name == "subgraphs" else name.replace("_", " ") + " file"
+        for name in sorted(self.fingerprints.keys() | fingerprints.keys()):
+            if self.fingerprints.get(name) != fingerprints.get(name):
+                what = {"subgraphs": "subgraph set", "loras": "set of LoRA files"}.get(
+                    name, name.replace("_", " ") + " file")
                 raise AnimaError(f"the state was made with another {what}")
         if tuple(self.conditioning.positive.shape) != context_shape:
             raise AnimaError(f"the state's prompt contexts are {list(self.conditioning.positive.shape)}, this DiT "
@@ -113,7 +121,7 @@ def write_state(path: Path, params: GenerationParams, fingerprints: dict[str, st
     record = {
         "format": STATE_FORMAT, "step": event.step, "total": event.total, "recomputed": recomputed,
         "denoise_s": denoise_s, "fingerprints": fingerprints,
-        "params": {name: getattr(params, name) for name in SETTINGS},
+        "params": settings_of(params),
         "cache": scalars,
     }
     save_tensors(tensors, path, {STATE_KEY: json_text(record)})
@@ -197,7 +205,7 @@ def read_state(path: str | os.PathLike) -> ResumeState:
         found = record.get("format") if isinstance(record, dict) else None
         raise AnimaError(f"{path} is not an {STATE_FORMAT} resume state"
                          + (f" (it is {_shown(found)}: made by another version)" if found else ""))
-    settings = _field(record, "params", dict)
+    settings = _ADDED_SETTINGS | _field(record, "params", dict)
     if set(settings) != set(SETTINGS):
         raise AnimaError(f"{path}: the resume state's settings are not the ones this version writes")
     try:
@@ -211,7 +219,7 @@ def read_state(path: str | os.PathLike) -> ResumeState:
     recomputed = _field(record, "recomputed", list)
     denoise_s = _field(record, "denoise_s", (int, float))
     fingerprints = _field(record, "fingerprints", dict)
-    if (set(fingerprints) != {"dit", "text_encoder", "vae", "subgraphs"}
+    if (not {"dit", "text_encoder", "vae", "subgraphs"} <= set(fingerprints) <= FINGERPRINTS
             or not all(v is None or isinstance(v, str) for v in fingerprints.values())
             or not all(isinstance(s, int) and 1 <= s <= step for s in recomputed) or not math.isfinite(denoise_s)):
         raise AnimaError(f"{path}: the resume state's record is damaged")

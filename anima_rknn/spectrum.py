@@ -164,6 +164,11 @@ class Spectrum:
     def skipped_steps(self) -> list[int]:
         return self.schedule.skipped_steps
 
+    error_estimate = None  # a fixed schedule does not measure its forecasts (see sampling/auto_cache.py)
+
+    def set_sigmas(self, sigmas: np.ndarray) -> None:
+        pass  # sd.cpp's schedule and tau axis count steps, not sigmas
+
     def should_skip(self) -> bool:
         return self.schedule.should_skip()
 

@@ -46,7 +46,8 @@ def held_bytes(module: torch.nn.Module) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="model set folder (e.g. make-tiny --preset full)")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+                        help="bodies' dtype; fp32 from a bf16 file casts the weights just in time, as generate does")
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--height", type=int, default=512)
     parser.add_argument("--steps", type=int, default=1)
@@ -68,14 +69,14 @@ def main() -> None:
 
     # What each stage's models hold once loaded, measured after the generation so it cannot affect its peaks.
     held = {"encode": held_bytes(load_text_encoder(files.text_encoder).model),
-            "denoise": held_bytes(load_dit(files.dit, DTYPES[args.dtype], denoise_only=True)),
+            "denoise": held_bytes(load_dit(files.dit, DTYPES[params.dtype], denoise_only=True, just_in_time=True)),
             "decode": held_bytes(load_vae(files.vae))}
     on_disk = {"encode": os.path.getsize(files.text_encoder), "denoise": os.path.getsize(files.dit),
                "decode": os.path.getsize(files.vae)}
     peaks = {"setup": setup_peak, "encode": encode_peak, "denoise": denoise_peak, "decode": decode_peak}
     starts = {"setup": setup_start, "encode": encode_start, "denoise": denoise_start, "decode": decode_start}
     largest = max(on_disk.values())
-    result = {"dtype": args.dtype, "size": f"{args.width}x{args.height}", "steps": args.steps,
+    result = {"dtype": params.dtype, "size": f"{args.width}x{args.height}", "steps": args.steps,
               "baseline_rss": baseline, "start_rss": starts, "peak_rss": peaks,
               "weights_on_disk": on_disk, "weights_held": held, "generation_peak_rss": generation_peak,
               "largest_stage_weights_on_disk": largest, "ratio_to_largest_on_disk": generation_peak / largest,
@@ -83,7 +84,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
-    print(f"RSS after imports: {baseline / GIB:.2f} GiB; bodies {args.dtype}, {params.width}x{params.height}, "
+    print(f"RSS after imports: {baseline / GIB:.2f} GiB; bodies {params.dtype}, {params.width}x{params.height}, "
           f"{args.steps} step(s)\n")
     print("| stage | RSS at start GiB | peak RSS GiB | weights on disk GiB | weights held GiB |")
     print("|---|---|---|---|---|")

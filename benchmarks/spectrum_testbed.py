@@ -2,6 +2,7 @@
 
 Runs Euler + CFG with the exact denoiser, uncached and with each cache from the same noise, and prints
 the median (over seeds) relative L2 error of the final sample as a Markdown table, or JSON with --json.
+`auto` runs with a budget of the fixed schedules' computed steps, so every column spends the same passes.
 
     python benchmarks/spectrum_testbed.py [--seeds 100] [--steps 20 30 50] [--json]
 """
@@ -16,7 +17,7 @@ import numpy as np
 from anima_rknn.sampling.mixture import make_testbed, relative_errors
 from anima_rknn.spectrum import SpectrumSchedule
 
-CACHES = ("reuse", "spectrum", "spectrum-plus")
+CACHES = ("reuse", "spectrum", "spectrum-plus", "auto")
 # (label, CFG scale, component std, components): the spec's four configurations plus a strong-CFG one.
 MIXTURES = (
     ("CFG 4, std 0.35, 8 comp.", 4.0, 0.35, 8),
@@ -28,7 +29,7 @@ MIXTURES = (
 
 
 def computed_step_count(steps: int) -> int:
-    """All three caches share the default Spectrum schedule, which does not depend on the values."""
+    """The three fixed caches share the default Spectrum schedule, which does not depend on the values."""
     schedule = SpectrumSchedule(steps)
     for _ in range(steps):
         if schedule.should_skip():
@@ -43,10 +44,13 @@ def measure(steps_list: list[int], num_seeds: int, dim: int, testbed_seed: int) 
     for label, cfg_scale, std, components in MIXTURES:
         cond, uncond = make_testbed(dim, components, std, seed=testbed_seed)
         for steps in steps_list:
-            errors = {name: float(np.median(relative_errors(name, cond, uncond, cfg_scale, steps, range(num_seeds))))
-                      for name in CACHES}
-            rows.append({"mixture": label, "steps": steps, "computed": computed_step_count(steps),
-                         "median_relative_error": errors})
+            computed, auto_calls = computed_step_count(steps), []
+            errors = {name: float(np.median(relative_errors(
+                name, cond, uncond, cfg_scale, steps, range(num_seeds),
+                {"budget": computed} if name == "auto" else None, calls=auto_calls if name == "auto" else None)))
+                for name in CACHES}
+            rows.append({"mixture": label, "steps": steps, "computed": computed, "auto_computed_mean":
+                         float(np.mean(auto_calls)), "median_relative_error": errors})
     return rows
 
 
@@ -59,7 +63,11 @@ def markdown(rows: list[dict], num_seeds: int, dim: int) -> str:
         errors = row["median_relative_error"]
         best = min(errors.values())
         cells = [f"**{errors[n]:.4f}**" if errors[n] == best else f"{errors[n]:.4f}" for n in CACHES]
-        lines.append(f"| {row['mixture']} | {row['steps']} | {row['computed']} | " + " | ".join(cells) + " |")
+        computed = f"{row['computed']} (auto {row['auto_computed_mean']:.1f})"
+        lines.append(f"| {row['mixture']} | {row['steps']} | {computed} | "
+                     + " | ".join(cells) + " |")
+    wins = sum(r["median_relative_error"]["auto"] < r["median_relative_error"]["spectrum-plus"] for r in rows)
+    lines += ["", f"auto below spectrum-plus in {wins} of {len(rows)} cells"]
     return "\n".join(lines)
 
 

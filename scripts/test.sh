@@ -16,4 +16,4 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
   fi
 fi
 .venv/bin/python -m pytest -q "$@"
-.venv-rknn/bin/python -m pytest -q tests/export/test_rknn.py tests/engine/test_rknn_backend.py tests/engine/test_memory_plan.py tests/cli/test_rknn_cli.py "$@"
+.venv-rknn/bin/python -m pytest -q tests/export/test_rknn.py tests/engine/test_rknn_backend.py tests/engine/test_memory_plan.py tests/cli/test_rknn_cli.py tests/cli/test_vae_rknn_cli.py "$@"

@@ -21,6 +21,15 @@ TOKENIZER_SHA256 = {
 }
 
 
+@pytest.fixture(scope="session", autouse=True)
+def machine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The per-machine caches (the dtype probe) go to a folder of the test session, not the user's home."""
+    folder = tmp_path_factory.mktemp("xdg-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(folder))
+        yield folder
+
+
 @pytest.fixture(scope="session")
 def tiny_set(tmp_path_factory: pytest.TempPathFactory) -> ModelFiles:
     return write_model_set(tmp_path_factory.mktemp("models") / "tiny", "tiny", seed=0)
@@ -55,6 +64,17 @@ def tiny_onnx_set(tiny_set, tmp_path_factory) -> Path:
 
     folder = tmp_path_factory.mktemp("onnx")
     export_subgraphs(tiny_set.dit, 64, 64, folder, progress=False, overwrite=True)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_vae_onnx_set(tiny_set, tmp_path_factory) -> Path:
+    """export-vae of the tiny model set's VAE for 64-px tiles, overlap 16 (copy before changing)."""
+    pytest.importorskip("onnxscript")
+    from anima_rknn.export.vae import export_vae_decoder
+
+    folder = tmp_path_factory.mktemp("vae-onnx")
+    export_vae_decoder(tiny_set.vae, folder, 64, 16)
     return folder
 
 

@@ -209,3 +209,26 @@ def test_a_checkpoint_that_cannot_be_written_warns_and_the_run_goes_on(pipeline,
     result = pipeline.generate(dataclasses.replace(BASE, cache="spectrum"), checkpoints=checkpoints)
     assert np.array_equal(result.latent, references["spectrum"].latent)
     assert len(warnings) == 5 and all(isinstance(w, AnimaError) for w in warnings)
+
+
+def test_resume_keeps_the_loras_and_refuses_others(pipeline, tiny_set, tmp_path, one_thread):
+    from lora_files import comfy, kohya, random_pairs, write_lora
+
+    from anima_rknn.model.io import read_dit_config
+    from anima_rknn.model.lora import LoraRef
+
+    config = read_dit_config(tiny_set.dit)
+    style = write_lora(tmp_path / "style.safetensors", comfy(random_pairs(config, seed=1, strength=1.0)))
+    other = write_lora(tmp_path / "other.safetensors", kohya(random_pairs(config, seed=2, strength=1.0)))
+    params = dataclasses.replace(BASE, cache="spectrum", loras=[LoraRef(style, 0.8)])
+    reference = pipeline.generate(params)
+    stopped = stop_after(pipeline, params, tmp_path / "x.png.state", 5)
+    state = read_state(stopped.path)
+    assert state.params.loras == [LoraRef(style, 0.8)]
+    assert np.array_equal(pipeline.generate(params, resume=state).latent, reference.latent)
+    for loras in ([], [LoraRef(style, 0.5)], [LoraRef(other, 0.8)]):
+        with pytest.raises(AnimaError, match="the state was made with loras"):
+            pipeline.generate(dataclasses.replace(params, loras=loras), resume=state)
+    style.write_bytes(other.read_bytes())  # the same name and scale, another file
+    with pytest.raises(AnimaError, match="the state was made with another set of LoRA files"):
+        pipeline.generate(params, resume=state)

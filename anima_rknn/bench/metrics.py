@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -57,3 +58,12 @@ def x0_distances(reference: Sequence[np.ndarray], other: Sequence[np.ndarray]) -
     if len(reference) != len(other):
         raise ValueError(f"x0 histories differ in length: {len(reference)} vs {len(other)}")
     return [relative_l2(a, b) for a, b in zip(reference, other)]
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Spearman rank correlation of two equally long series (ties share their mean rank); None when either
+    series is constant, where no ranking exists."""
+    from scipy.stats import spearmanr  # scipy comes with scikit-image
+
+    rho = float(spearmanr(a, b).statistic)
+    return rho if math.isfinite(rho) else None

@@ -57,6 +57,7 @@ def _side(policy: PolicyRuns, label: str) -> dict[str, Any]:
         "computed_steps": sample.computed_steps,
         "skipped_steps": sample.skipped_steps,
         "recomputed_steps": sample.recomputed_steps,
+        "error_estimate": sample.error_estimate,  # the cache's own, made without the baseline (None: no estimate)
         "transformer_passes": first.denoised.transformer_passes,
         "subgraph_runs": first.denoised.subgraph_runs,
         "finite": sample.finite,
@@ -126,9 +127,16 @@ def _aggregate(seeds: list[dict[str, Any]], cache: str) -> dict[str, Any]:
         values = [c[key] for c in comparisons if c[key] is not None]
         return {"min": min(values), "mean": statistics.fmean(values)} if values else None
 
+    passes = [side["transformer_passes"] for side in sides]  # an adaptive cache's can differ per seed
+    estimates = [side["error_estimate"] for side in sides]
+    psnrs = [c["psnr_db"] for c in comparisons]
+    ranked = None not in estimates and None not in psnrs and len(sides) >= 3
     return {
         "seeds_passed": sum(not side["failures"] for side in sides), "seeds": len(sides),
         "psnr_db": spread("psnr_db"), "ssim": spread("ssim"),
+        "transformer_passes": {"mean": statistics.fmean(passes), "max": max(passes)},
+        # Does the cache's own error estimate rank the seeds as the true PSNR does? (1: perfectly, by -estimate)
+        "estimate_psnr_spearman": metrics.spearman([-e for e in estimates], psnrs) if ranked else None,
         "denoise_speedup_median": statistics.median(c["speedup"]["denoise"]["median"] for c in comparisons),
         "end_to_end_speedup_median": statistics.median(c["speedup"]["end_to_end"]["median"] for c in comparisons),
         "ideal_speedup_median": statistics.median(c["ideal_speedup"] for c in comparisons),
@@ -237,6 +245,8 @@ def _seed_table(entry: dict[str, Any], steps: int, repeats: int) -> list[str]:
           f"recomputed {side['recomputed_steps']}" if side["recomputed_steps"] else "") for side in cached.values()])
     row("PSNR / SSIM", "", [("", "n/a" if c["psnr_db"] is None else f"{_db(c['psnr_db'])} / {c['ssim']:.4f}")
                             for c in comparisons])
+    row("cache error estimate", "", [("", "" if side["error_estimate"] is None else f"{side['error_estimate']:.4f}")
+                                     for side in cached.values()])
     row("final latent error", "", [("", "n/a" if c["latent_error"] is None else
                                     f"rel. L2 {c['latent_error']['relative_l2']:.4f}, "
                                     f"max abs {c['latent_error']['max_abs']:.4f}") for c in comparisons])
@@ -245,14 +255,17 @@ def _seed_table(entry: dict[str, Any], steps: int, repeats: int) -> list[str]:
 
 
 def _aggregate_table(aggregate: dict[str, Any]) -> list[str]:
-    lines = ["| policy | seeds passed | PSNR min / mean | SSIM min / mean | denoise speedup | "
-             "end-to-end speedup | ideal |", "|---|---|---|---|---|---|---|"]
+    lines = ["| policy | seeds passed | PSNR min / mean | SSIM min / mean | passes mean / max | denoise speedup | "
+             "end-to-end speedup | ideal | error estimate vs PSNR (Spearman) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for cache, agg in aggregate.items():
         psnr = "n/a" if agg["psnr_db"] is None else f"{_db(agg['psnr_db']['min'])} / {_db(agg['psnr_db']['mean'])}"
         ssim = "n/a" if agg["ssim"] is None else f"{agg['ssim']['min']:.4f} / {agg['ssim']['mean']:.4f}"
+        rho = agg["estimate_psnr_spearman"]
         lines.append(f"| {cache} | {agg['seeds_passed']}/{agg['seeds']} | {psnr} | {ssim} | "
+                     f"{agg['transformer_passes']['mean']:.1f} / {agg['transformer_passes']['max']} | "
                      f"{agg['denoise_speedup_median']:.2f}x | {agg['end_to_end_speedup_median']:.2f}x | "
-                     f"{agg['ideal_speedup_median']:.2f}x |")
+                     f"{agg['ideal_speedup_median']:.2f}x | {'n/a' if rho is None else f'{rho:.2f}'} |")
     return lines
 
 

@@ -121,7 +121,9 @@ def _run(pipeline: AnimaPipeline, conditioning: Conditioning, params: Generation
         denoised = pipeline.denoise(conditioning, params, on_step=listen)
         image, decode_s = None, 0.0
         if denoised.sample.finite:
-            image, decode_s = pipeline.decode(denoised.sample.latent, tile, params.vae_overlap)
+            image, decode_s = pipeline.decode(denoised.sample.latent, tile, params.vae_overlap,
+                                              backend=params.vae_backend, subgraphs=params.vae_subgraphs,
+                                              rknn=params.rknn)
     return Run(denoised, image, decode_s, peak.bytes, [e.seconds for e in events], [e.x0.copy() for e in events])
 
 
@@ -140,7 +142,8 @@ def run_bench(pipeline: AnimaPipeline, params: GenerationParams, caches: Sequenc
     seeds = list(seeds) if seeds else [params.seed]
     tile = pipeline.prepare(params)
     with peak_rss() as encode_peak:
-        conditioning = pipeline.encode(params.prompt, params.negative, params.dtype)
+        conditioning = pipeline.encode(params.prompt, params.negative, params.dtype, params.loras,
+                                       params.lora_ignore_unmatched)
     # Untimed: torch's first-call costs (allocator, kernel choice) would otherwise land on the baseline alone.
     pipeline.denoise(conditioning, dataclasses.replace(baseline, steps=1))
 

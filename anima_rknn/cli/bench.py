@@ -9,6 +9,7 @@ import click
 from tqdm import tqdm
 
 from ..bench import DEFAULT_MIN_PSNR
+from ..batch.jobs import one_sweep, read_jobs
 from ..bench.run import MAX_REPEATS
 from ..errors import AnimaError
 from ..files import output_folder, save_png
@@ -16,8 +17,8 @@ from ..model_set import resolve
 from ..pipeline import AnimaPipeline, GenerationParams, GenerationResult, png_parameters
 from ..sampling.euler import StepEvent
 from . import cli
-from .generate import cache_options
-from .options import FINITE, image_size, model_options, rknn_options, rknn_settings, sampling_options, vae_options, vae_tiling
+from .options import (FINITE, cache_options, image_size, lora_options, lora_settings, model_options, rknn_options, rknn_settings,
+                      sampling_options, vae_backend_options, vae_options, vae_tiling)
 
 if TYPE_CHECKING:
     from ..bench.run import BenchResult
@@ -58,6 +59,9 @@ def save_images(result: BenchResult, out: Path, model_name: str) -> None:
               help='Options for every cached policy, e.g. "w=0.4,m=3,lam=1.0,window=2,flex=0.5,warmup=4,stop=0.9".')
 @click.option("--seeds", default=None, help="Comma list of seeds (one table per seed plus aggregates); "
                                             "overrides --seed.")
+@click.option("--jobs", "jobs_file", type=click.Path(dir_okay=False), default=None,
+              help="Take the prompt and seeds from a `batch` jobs file instead (one prompt's seeds: its jobs may "
+                   "differ only in their seed).")
 @click.option("--repeat", type=click.IntRange(1, MAX_REPEATS), default=1, show_default=True,
               help="Runs per side and seed; times are reported as min and median.")
 @click.option("--min-psnr", type=FINITE, default=DEFAULT_MIN_PSNR, show_default=True,
@@ -66,29 +70,39 @@ def save_images(result: BenchResult, out: Path, model_name: str) -> None:
 @click.option("--fail-on-verdict", is_flag=True,
               help=f"Exit with code {VERDICT_FAILED_EXIT} when the verdict fails (for scripts).")
 @vae_options
+@vae_backend_options
+@lora_options
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False),
               help="Folder for report.json, report.md, the images and plots.")
 @click.option("--overwrite", is_flag=True, help="Write into a non-empty --out folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print report.json on stdout too.")
 def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, negative, width, height, steps,
           cfg, seed, shift, dtype, backend, subgraphs, rknn_runtime, rknn_budget, rknn_core_mask, caches,
-          cache_option, seeds, repeat, min_psnr, min_ssim, fail_on_verdict, tiling, vae_tile_size,
-          vae_tile_overlap, out, overwrite, as_json) -> None:
+          cache_option, seeds, jobs_file, repeat, min_psnr, min_ssim, fail_on_verdict, tiling, vae_tile_size,
+          vae_tile_overlap, vae_backend, vae_subgraphs, lora, lora_dir, lora_ignore_unmatched, out, overwrite,
+          as_json) -> None:
     """Cached vs uncached baseline with the same weights, seed and noise: speed, work and image fidelity."""
     run_module, report_module, figures = bench_modules()
     cache_names = run_module.parse_cache_list(caches)
-    if prompt is None:
-        raise AnimaError("pass --prompt")
+    if jobs_file is not None and (prompt is not None or seeds is not None):
+        raise AnimaError("--jobs gives the prompt and the seeds: drop --prompt and --seeds")
+    if prompt is None and jobs_file is None:
+        raise AnimaError("pass --prompt (or --jobs JOBS)")
     seed_list = run_module.parse_seed_list(seeds) if seeds else [seed]
     options = cache_options(cache_option, {})
     files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
                     t5_tokenizer=t5_tokenizer)
     width, height = image_size(files, width, height)
+    prompt, loras = lora_settings(prompt or "", lora, lora_dir)
     params = GenerationParams(prompt=prompt, negative=negative, width=width, height=height, steps=steps, cfg=cfg,
                               seed=seed_list[0], shift=shift, dtype=dtype, backend=backend,
                               subgraphs=Path(subgraphs) if subgraphs else None,
                               rknn=rknn_settings(rknn_runtime, rknn_budget, rknn_core_mask),
-                              vae_tiling=vae_tiling(tiling), vae_tile=vae_tile_size, vae_overlap=vae_tile_overlap)
+                              vae_tiling=vae_tiling(tiling), vae_tile=vae_tile_size, vae_overlap=vae_tile_overlap,
+                              vae_backend=vae_backend, vae_subgraphs=vae_subgraphs, loras=loras,
+                              lora_ignore_unmatched=lora_ignore_unmatched)
+    if jobs_file is not None:
+        params, seed_list = one_sweep(read_jobs(jobs_file, params, lora_dir=lora_dir), run_module.MAX_SEEDS)
     run_module.policy_params(params, cache_names, options)  # bad options fail here, before the folder is made
     out_dir = Path(out)
     output_folder(out_dir, overwrite=overwrite, names=["report.json", "report.md"], holds="a bench report" if (out_dir / "report.json").exists() else "other files")
@@ -116,7 +130,10 @@ def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, n
     for name, agg in report["aggregate"].items():
         echo(f"{name}: denoise {agg['denoise_speedup_median']:.2f}x (ideal {agg['ideal_speedup_median']:.2f}x), "
              f"end to end {agg['end_to_end_speedup_median']:.2f}x"
-             + ("" if agg["psnr_db"] is None else f", PSNR min {agg['psnr_db']['min']:.2f} dB"))
+             + ("" if agg["psnr_db"] is None else f", PSNR min {agg['psnr_db']['min']:.2f} dB")
+             + f", passes mean {agg['transformer_passes']['mean']:.1f} max {agg['transformer_passes']['max']}"
+             + ("" if agg["estimate_psnr_spearman"] is None
+                else f", error estimate vs PSNR Spearman {agg['estimate_psnr_spearman']:.2f}"))
     echo(f"wrote {out_dir / 'report.md'} and report.json, images and plots")
     echo(report["verdict"]["line"])
     if fail_on_verdict and not report["verdict"]["passed"]:

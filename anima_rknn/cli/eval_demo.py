@@ -7,12 +7,14 @@ from pathlib import Path
 import click
 
 from ..demo import demo_model_dir
-from ..demo.evaluate import adherence, adherence_table, contact_sheet, generate_images, judge, prompt_set
+from ..demo.dataset import LARGE
+from ..demo.evaluate import (CONCEPTS, PROMPT_KINDS, adherence, adherence_table, contact_sheet, generate_images,
+                             judge, prompt_set)
 from ..files import check_output_file, json_text, save_png
 from ..pipeline import resolve_seed
 from ..sampling.caches import CACHE_NAMES
 from . import cli
-from .options import FINITE
+from .options import FINITE, lora_file_options, lora_settings
 
 
 @cli.command("eval-demo")
@@ -20,6 +22,9 @@ from .options import FINITE
               help="Model directory (default: the shipped demo model).")
 @click.option("--prompts", "count", type=int, default=24, show_default=True,
               help="Prompts in the fixed set; every third one is a held-out colour pair.")
+@click.option("--concept", type=click.Choice(CONCEPTS), default="none", show_default=True,
+              help="large: every second prompt asks for a large shape, the demo LoRA's concept.")
+@lora_file_options
 @click.option("--steps", type=int, default=20, show_default=True)
 @click.option("--cfg", type=FINITE, default=4.0, show_default=True)
 @click.option("--seed", type=int, default=1000, show_default=True, help="Prompt i uses seed + i; -1 draws the first at random.")
@@ -28,19 +33,20 @@ from .options import FINITE
               help="Contact sheet PNG with every picture and its prompt.")
 @click.option("--overwrite", is_flag=True, help="Replace --sheet if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Also print the scores as one JSON object.")
-def eval_demo(model: str | None, count: int, steps: int, cfg: float, seed: int, cache: str, sheet: str,
-              overwrite: bool, as_json: bool) -> None:
-    """Score how well the demo model follows its prompts (background, shape colour, position, shape)."""
+def eval_demo(model: str | None, count: int, concept: str, lora: tuple[str, ...], lora_ignore_unmatched: bool,
+              steps: int, cfg: float, seed: int, cache: str, sheet: str, overwrite: bool, as_json: bool) -> None:
+    """Score how well the demo model follows its prompts (background, shape colour, position, shape, size)."""
     sheet_path = check_output_file(sheet, overwrite=overwrite, suffixes=(".png",))  # before minutes of work
-    specs = prompt_set(count)
+    specs = prompt_set(count, concept=concept)
+    _, loras = lora_settings(None, lora, None)
     model_dir = Path(model) if model else demo_model_dir()
     images = generate_images(model_dir, specs, steps=steps, cfg=cfg, seed=resolve_seed(seed), cache=cache,
-                             progress=True)
+                             loras=loras, lora_ignore_unmatched=lora_ignore_unmatched, progress=True)
     judged = judge(specs, images)
     click.echo(adherence_table(judged))
     save_png(contact_sheet(judged), sheet_path, overwrite=overwrite)
     click.echo(f"wrote contact sheet {sheet_path}")
     if as_json:
-        click.echo(json_text({"train": adherence(judged, lambda j: not j.spec.held_out),
-                              "held_out": adherence(judged, lambda j: j.spec.held_out),
-                              "all": adherence(judged)}))
+        # every kind of prompt, empty where the set has none; "large" only in a set with the LoRA concept
+        click.echo(json_text({name.replace("-", "_"): adherence(judged, keep) for name, keep in PROMPT_KINDS.items()
+                              if name != LARGE or concept == LARGE}))

@@ -6,24 +6,13 @@ from pathlib import Path
 
 import click
 
-from ..errors import AnimaError
 from ..export.onnx import export_subgraphs
-from ..model_set import LAYOUT, resolve, single_safetensors
+from ..model.lora import lora_tag, parse_lora_option
+from ..model_set import part_file
 from . import cli
-from .options import dit_image_size
+from .options import dit_image_size, lora_file_options
 
 EXPORT_DTYPES = {"fp32": "float32", "fp16": "float16"}
-
-
-def dit_file(model_dir: Path | None, dit: Path | None) -> Path:
-    """The DiT of --model or --dit; neither means the shipped demo model, as for generate."""
-    if model_dir is not None and dit is not None:
-        raise AnimaError("pass one of --model DIR or --dit FILE, not both")
-    if dit is not None:
-        return dit
-    if model_dir is None:
-        return resolve(None).dit
-    return single_safetensors(model_dir / LAYOUT["dit"], "diffusion model")
 
 
 @cli.command("export-onnx")
@@ -39,10 +28,15 @@ def dit_file(model_dir: Path | None, dit: Path | None) -> Path:
 @click.option("--dtype", type=click.Choice(list(EXPORT_DTYPES)), default="fp32", show_default=True,
               help="Precision of the subgraphs (the host side always stays fp32).")
 @click.option("--overwrite", is_flag=True, help="Replace what is already in --out.")
+@lora_file_options
 def export_onnx(model_dir: Path | None, dit: Path | None, width: int | None, height: int | None, out: Path,
-                dtype: str, overwrite: bool) -> None:
-    """Export the DiT's attention and MLP bodies (3 per block) as ONNX subgraphs for one image size."""
-    dit_path = dit_file(model_dir, dit)
+                dtype: str, overwrite: bool, lora: tuple[str, ...], lora_ignore_unmatched: bool) -> None:
+    """Export the DiT's attention and MLP bodies (3 per block) as ONNX subgraphs for one image size.
+    --lora bakes LoRAs into them (generate with the same --lora options to use the set)."""
+    dit_path = part_file(model_dir, dit, "dit")
     width, height = dit_image_size(dit_path, width, height)
-    manifest = export_subgraphs(dit_path, width, height, out, EXPORT_DTYPES[dtype], overwrite=overwrite)
-    click.echo(f"wrote {width}x{height} {dtype} subgraphs and {manifest.name} to {out}")
+    loras = [parse_lora_option(text) for text in lora]
+    manifest = export_subgraphs(dit_path, width, height, out, EXPORT_DTYPES[dtype], overwrite=overwrite,
+                                loras=loras, lora_ignore_unmatched=lora_ignore_unmatched)
+    baked = f" with LoRAs {', '.join(lora_tag(ref) for ref in loras)} baked in" if loras else ""
+    click.echo(f"wrote {width}x{height} {dtype} subgraphs{baked} and {manifest.name} to {out}")

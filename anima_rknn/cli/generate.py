@@ -16,60 +16,17 @@ from tqdm import tqdm
 from ..errors import AnimaError
 from ..files import check_output_file, json_text, save_png
 from ..model_set import resolve
-from ..pipeline import MAX_STEPS, AnimaPipeline, GenerationParams, GenerationResult, png_parameters
+from ..pipeline import MAX_STEPS, AnimaPipeline, GenerationParams, png_parameters
 from ..resume import (SETTINGS, STATE_SUFFIX, Checkpoints, Interrupted, ResumeState, default_state_path,
                       output_of_state, read_state)
-from ..sampling.caches import CACHE_NAMES, OPTION_TYPES, parse_cache_options
 from ..sampling.euler import StepCallback, StepEvent
 from ..vae.preview import PreviewWriter
 from . import cli
-from .options import (FINITE, image_size, model_options, rknn_options, rknn_settings, sampling_options, vae_options,
-                      vae_tiling)
-
-# The numeric cache options also have flags of their own, as stable-diffusion.cpp's --spectrum-* do.
-SPECTRUM_FLAGS = {key: FINITE if kind is float else kind for key, kind in OPTION_TYPES.items() if kind in (int, float)}
-
-
-def cache_options(text: str | None, spectrum: dict[str, float | None]) -> dict[str, float | str]:
-    options = parse_cache_options(text) if text else {}
-    options.update({k: v for k, v in spectrum.items() if v is not None})
-    return options
-
-
-def summary(result: GenerationResult, out: Path | None) -> dict:
-    sample = result.denoised.sample
-    return {
-        "image": str(out) if out is not None else None,
-        "width": result.params.width, "height": result.params.height, "steps": result.params.steps,
-        "cfg": result.params.cfg, "seed": result.params.seed, "backend": result.params.backend,
-        "dtype": result.params.dtype, "cache": result.params.cache,
-        "cache_options": result.params.cache_options,
-        "timings": {k: round(v, 4) for k, v in result.timings().items()},
-        "transformer_passes": result.denoised.transformer_passes,
-        "subgraph_runs": result.denoised.subgraph_runs,
-        "computed_steps": sample.computed_steps, "skipped_steps": sample.skipped_steps,
-        "recomputed_steps": sample.recomputed_steps,
-        "finite": result.finite,
-    }
-
-
-def spectrum_options(f):
-    for key, kind in reversed(SPECTRUM_FLAGS.items()):
-        f = click.option(f"--spectrum-{key}", f"spectrum_{key}", type=kind, default=None,
-                         help=f"Spectrum {key} (overrides --cache-option).")(f)
-    return f
+from .options import SPECTRUM_FLAGS, generation_options, generation_params
 
 
 @cli.command("generate")
-@model_options
-@sampling_options
-@rknn_options
-@click.option("--cache", type=click.Choice(CACHE_NAMES), default="none", show_default=True,
-              help="Step cache: none = every step computed (the exact baseline).")
-@click.option("--cache-option", "cache_option", default=None,
-              help='stable-diffusion.cpp style, e.g. "w=0.4,m=3,lam=1.0,window=2,flex=0.5,warmup=4,stop=0.9".')
-@spectrum_options
-@vae_options
+@generation_options
 @click.option("--out", "-o", default="out.png", show_default=True, type=click.Path(dir_okay=False),
               help="The PNG to write. Resuming X.png.state, the default is X.png.")
 @click.option("--overwrite", is_flag=True, help="Replace --out (and a stopped run's state file) if it exists.")
@@ -88,10 +45,8 @@ def spectrum_options(f):
 @click.option("--preview-vae", is_flag=True,
               help="Preview with a real (tiled) VAE decode instead of the cheap latent projection.")
 @click.pass_context
-def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, negative,
-             width, height, steps, cfg, seed, shift, dtype, backend, subgraphs, rknn_runtime, rknn_budget,
-             rknn_core_mask, cache, cache_option, tiling, vae_tile_size, vae_tile_overlap, out, overwrite, as_json,
-             state, checkpoint_every, resume_path, preview, preview_every, preview_vae, **spectrum) -> None:
+def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, out, overwrite, as_json,
+             state, checkpoint_every, resume_path, preview, preview_every, preview_vae, **settings) -> None:
     """Generate one image. Ctrl-C (or SIGTERM) stops after the current step and writes a resume state;
     a second Ctrl-C aborts at once."""
     files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
@@ -102,17 +57,9 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
         out = out if "out" in given else output_of_state(Path(resume_path))
         if out is None:
             raise AnimaError(f"pass --out: {resume_path} does not say which image it was for")
-    elif prompt is None:
+    elif settings["prompt"] is None:
         raise AnimaError("pass --prompt (or --resume STATE to continue a stopped run)")
-    width, height = image_size(files, width, height)
-    params = GenerationParams(
-        prompt=prompt, negative=negative, width=width, height=height, steps=steps, cfg=cfg, seed=seed,
-        shift=shift, dtype=dtype, cache=cache,
-        cache_options=cache_options(cache_option, {k.removeprefix("spectrum_"): v for k, v in spectrum.items()}),
-        backend=backend, subgraphs=Path(subgraphs) if subgraphs else None,
-        rknn=rknn_settings(rknn_runtime, rknn_budget, rknn_core_mask),
-        vae_tiling=vae_tiling(tiling), vae_tile=vae_tile_size, vae_overlap=vae_tile_overlap,
-    )
+    params = generation_params(files, **settings)
     if resumed is not None:  # the state's settings, except where the command line says otherwise (then refused)
         params = settings_from_state(params, resumed, given)
     params.validate()
@@ -163,7 +110,7 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
         save_png(result.image, out_path, overwrite=overwrite,
                  parameters=png_parameters(result.params, files.dit.name, result))
         checkpoints.remove()  # published: nothing left to resume
-    report = summary(result, out_path if result.finite else None)
+    report = result.summary(str(out_path) if result.finite else None)
     if as_json:
         click.echo(json_text(report))
     echo = (lambda s: click.echo(s, err=True)) if as_json else click.echo
@@ -173,6 +120,9 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
          f"steps, {report['transformer_passes']} transformer passes, {report['subgraph_runs']} subgraph runs; "
          f"encode {t['encode_s']:.2f}s, denoise {t['denoise_s']:.2f}s, decode {t['decode_s']:.2f}s, "
          f"total {t['total_s']:.2f}s (excl. encode)")
+    if report["cache_error_estimate"] is not None:
+        echo(f"cache error estimate: {report['cache_error_estimate']:.4f} (relative L2 distance of the latent from "
+             "the uncached run's, estimated from the forecasts' measured errors)")
     if report["recomputed_steps"]:
         echo(f"numerical guard: non-finite forecast, recomputed steps {report['recomputed_steps']}")
     if not result.finite:
@@ -180,7 +130,7 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
 
 
 # Command-line names of the settings a resume state holds, where they differ from GenerationParams' names.
-_FLAG_OF = {"vae_tiling": "tiling", "vae_tile": "vae_tile_size", "vae_overlap": "vae_tile_overlap"}
+_FLAG_OF = {"vae_tiling": "tiling", "vae_tile": "vae_tile_size", "vae_overlap": "vae_tile_overlap", "loras": "lora"}
 
 
 def settings_from_state(params: GenerationParams, resumed: ResumeState, given: set[str]) -> GenerationParams:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -11,13 +12,15 @@ import torch
 
 from ..engine.backends.rknn import RUNTIMES, RknnBackend
 from ..engine.backends.torch import TorchBackend
-from ..engine.memory_plan import parse_size, plan_memory, predict_memory
+from ..engine.memory_plan import parse_size, plan_memory, plan_vae, predict_memory
 from ..engine.split import SplitEngine
 from ..errors import AnimaError
 from ..files import json_text
 from ..export.onnx import token_count
-from ..export.manifest import read_manifest
+from ..export.manifest import read_manifest, set_kind
 from ..export.rknn import convert_subgraphs, read_converted_manifest
+from ..export.vae import check_image_fits
+from ..export.verify_vae import DEFAULT_MIN_PSNR, verify_vae_set
 from ..model.config import PRESETS
 from ..model.dit import AnimaDiT
 from ..model.io import load_dit
@@ -39,7 +42,7 @@ VERIFY_PROMPT = "1girl, long hair, smile, looking at viewer, flowers, blue sky"
 def convert_rknn(subgraphs: Path, target: str, out: Path, overwrite: bool) -> None:
     """Compile every ONNX subgraph to fp16 .rknn (needs rknn-toolkit2: scripts/setup-rknn-env.sh)."""
     manifest = read_manifest(convert_subgraphs(subgraphs, out, target=target, progress=True,
-                                               overwrite=overwrite).parent)
+                                               overwrite=overwrite).parent, kind=None)
     click.echo(f"converted {len(manifest['subgraphs'])} subgraphs for {target} into {out} "
                f"(rknn-toolkit2 {manifest['rknn']['toolkit_version']})")
 
@@ -51,18 +54,27 @@ def convert_rknn(subgraphs: Path, target: str, out: Path, overwrite: bool) -> No
 @click.option("--width", "-W", type=int, default=512, show_default=True, help="With --preset: image width.")
 @click.option("--height", "-H", type=int, default=512, show_default=True, help="With --preset: image height.")
 @click.option("--budget", default=None, help="Memory the run may use, e.g. 8GB or 6GiB (default: no limit).")
-def plan(subgraphs: Path | None, preset: str | None, width: int, height: int, budget: str | None) -> None:
+@click.option("--vae-subgraphs", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="A converted VAE decoder set: add the decode stage, which runs after the DiT's contexts close.")
+def plan(subgraphs: Path | None, preset: str | None, width: int, height: int, budget: str | None,
+         vae_subgraphs: Path | None) -> None:
     """Predict peak memory and load/release traffic per pass of the rknn backend; refuse a budget that cannot work."""
     if (subgraphs is None) == (preset is None):
         raise AnimaError("pass exactly one of --subgraphs DIR or --preset NAME")
     budget_bytes = None if budget is None else parse_size(budget)
     if subgraphs is not None:
-        memory = plan_memory(read_manifest(subgraphs), budget_bytes)
+        manifest = read_manifest(subgraphs)
+        width, height = manifest["width"], manifest["height"]
+        memory = plan_memory(manifest, budget_bytes)
     else:
         config = PRESETS[preset]
         memory = predict_memory(config.hidden, config.blocks, token_count(width, height), config.mlp, budget_bytes,
                                 config.context_dim)
     click.echo(memory.describe())
+    if vae_subgraphs is not None:
+        vae_set = read_manifest(vae_subgraphs, kind="vae")
+        check_image_fits(vae_set, width, height)
+        click.echo(plan_vae(vae_set, width, height, budget_bytes).describe(memory))
 
 
 @dataclass(frozen=True)
@@ -139,13 +151,23 @@ def accuracy_table(results: list[SubgraphAccuracy], min_cosine: float) -> str:
 @click.option("--min-cosine", type=FINITE, default=DEFAULT_MIN_COSINE, show_default=True,
               help="Flag subgraphs whose cosine similarity to fp32 torch is below this.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as one JSON object on stdout.")
+@click.option("--image-size", type=int, default=None,
+              help="VAE sets: side in pixels of the pictures decoded (default: one tile; larger ones blend tiles).")
+@click.option("--min-psnr", type=FINITE, default=DEFAULT_MIN_PSNR, show_default=True,
+              help="VAE sets: flag decoded pictures whose PSNR against fp32 torch is below this (dB).")
 def verify_rknn(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, subgraphs: Path, prompt: str, seed: int,
-                runtime: str, min_cosine: float, as_json: bool) -> None:
+                runtime: str, min_cosine: float, as_json: bool, image_size: int | None, min_psnr: float) -> None:
     """Accuracy of every converted subgraph against fp32 torch, on the inputs of a real first denoising step.
 
     The inputs are recorded from the torch split engine's pass on the initial noise (sigma 1) with the prompt's
-    real context. Exits with status 1 when any subgraph falls below --min-cosine.
+    real context. Exits with status 1 when any subgraph falls below --min-cosine. A VAE decoder set (export-vae)
+    decodes the latents of varied pictures, tiled and blended as generate does, against the fp32 torch decoder,
+    and exits with status 1 when a picture falls below --min-cosine or --min-psnr.
     """
+    if set_kind(read_manifest(subgraphs, kind=None)) == "vae":  # needs the VAE file alone
+        vae_path = Path(vae) if vae is not None else resolve(model).vae
+        verify_vae(subgraphs, vae_path, image_size, seed, runtime, min_cosine, min_psnr, as_json)
+        return
     files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
                     t5_tokenizer=t5_tokenizer)
     stored = read_manifest(subgraphs)
@@ -166,3 +188,24 @@ def verify_rknn(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, sub
     if flagged:
         raise AnimaError(f"{len(flagged)} of {len(results)} subgraphs below cosine {min_cosine}: {', '.join(flagged)}")
     click.echo(f"all {len(results)} subgraphs at cosine >= {min_cosine}", err=as_json)
+
+
+def verify_vae(set_dir: Path, vae_path: Path, image_size: int | None, seed: int, runtime: str, min_cosine: float,
+               min_psnr: float, as_json: bool) -> None:
+    results = verify_vae_set(set_dir, vae_path, side=image_size, seed=seed, runtime=runtime)
+    flagged = [r.index for r in results if not (r.cosine >= min_cosine and r.psnr >= min_psnr)]  # NaN flagged too
+    if as_json:  # JSON has no NaN or infinity (PSNR of identical images): null stands for them
+        rows = [{key: value if not isinstance(value, float) or math.isfinite(value) else None
+                 for key, value in asdict(r).items()} for r in results]
+        click.echo(json_text({"pictures": rows, "min_cosine": min_cosine, "min_psnr": min_psnr, "seed": seed,
+                              "flagged": flagged}))
+    else:
+        click.echo(f"{'#':>3}{'cosine':>12}{'PSNR dB':>10}{'max abs err':>13}")
+        for r in results:
+            flag = "  BELOW" if r.index in flagged else ""
+            click.echo(f"{r.index:>3}{r.cosine:>12.7f}{r.psnr:>10.2f}{r.max_abs_error:>13.2e}{flag}")
+    if flagged:
+        raise AnimaError(f"{len(flagged)} of {len(results)} decoded pictures below cosine {min_cosine} or "
+                         f"PSNR {min_psnr} dB")
+    click.echo(f"all {len(results)} decoded pictures at cosine >= {min_cosine} and PSNR >= {min_psnr} dB",
+               err=as_json)

@@ -9,10 +9,10 @@ import click
 
 from ..errors import AnimaError
 from ..model_set import resolve
-from ..pipeline import DTYPES, MAX_SIDE, MAX_STEPS, AnimaPipeline
+from ..pipeline import MAX_SIDE, MAX_STEPS, AnimaPipeline
 from ..sampling.caches import CACHE_NAMES
 from . import cli
-from .options import model_options, rknn_options, rknn_settings
+from .options import dtype_option, lora_dir_option, model_options, rknn_options, rknn_settings
 
 
 @cli.command("serve")
@@ -32,7 +32,7 @@ from .options import model_options, rknn_options, rknn_settings
               help="Largest width or height a request may ask for.")
 @click.option("--max-steps", type=click.IntRange(1, MAX_STEPS), default=150, show_default=True,
               help="Most steps a request may ask for.")
-@click.option("--dtype", type=click.Choice(list(DTYPES)), default="fp32", show_default=True)
+@dtype_option()
 @click.option("--backend", default="torch", show_default=True, help="torch | onnx | rknn.")
 @click.option("--subgraphs", type=click.Path(file_okay=False), default=None)
 @click.option("--keep-models/--no-keep-models", default=None,
@@ -41,9 +41,10 @@ from .options import model_options, rknn_options, rknn_settings
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' (OpenAI clients send it).")
 @click.option("--api-auth", default=None, help="Require HTTP basic auth USER:PASS (as WebUI's --api-auth).")
 @rknn_options
+@lora_dir_option
 def serve(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host, port, data_dir, max_queue, cache,
           checkpoint_every, max_side, max_steps, dtype, backend, subgraphs, keep_models, api_key, api_auth,
-          rknn_runtime, rknn_budget, rknn_core_mask) -> None:
+          rknn_runtime, rknn_budget, rknn_core_mask, lora_dir) -> None:
     """Serve the model over HTTP until Ctrl-C; a job running then resumes at the next start."""
     import uvicorn
 
@@ -64,7 +65,7 @@ def serve(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host, por
     queue = JobQueue(AnimaPipeline(files, keep_dit=keep), Path(data_dir), max_queue=max_queue,
                      checkpoint_every=checkpoint_every, engine=engine)
     app = Server(queue, default_cache=cache, max_side=max_side, max_steps=max_steps, model_name=files.dit.stem,
-                 engine=engine, api_key=api_key, api_auth=api_auth).app()
+                 engine=engine, api_key=api_key, api_auth=api_auth, lora_dir=lora_dir).app()
     if not loopback and not (api_key or api_auth):
         click.echo(f"warning: listening on {host} without authentication: anyone who reaches it can use it",
                    err=True)

@@ -1,4 +1,5 @@
-"""`train-demo`: train the small demo model set (VAE, then DiT + LLM adapter) on the procedural dataset."""
+"""`train-demo`: train the small demo model set (VAE, then DiT + LLM adapter) on the procedural dataset;
+`train-demo-lora`: train the demo LoRA for it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import click
 
 from ..demo.train import DemoConfig, train_demo
+from ..demo.train_lora import LoraTrainConfig, train_demo_lora
 from . import cli
 from .options import FINITE
 
@@ -32,3 +34,24 @@ def train_demo_command(out: str, minutes: float, seed: int, vae_steps: int | Non
     for name, r in results.items():
         click.echo(f"{name}: {r.steps} steps in {r.seconds / 60:.1f} min, loss {r.first_loss:.4f} -> {r.last_loss:.4f}")
     click.echo(f"wrote the demo model set to {out}")
+
+
+@cli.command("train-demo-lora")
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="The LoRA .safetensors to write (kohya layout); an interrupted run resumes from its work folder "
+                   "beside it (FILE.train/).")
+@click.option("--model", type=click.Path(file_okay=False), default=None,
+              help="Model directory the LoRA is for (default: the shipped demo model).")
+@click.option("--minutes", type=FINITE, default=LoraTrainConfig.minutes, show_default=True,
+              help="Wall-clock training budget.")
+@click.option("--steps", type=int, default=None, help="Train this many steps instead of by time.")
+@click.option("--rank", type=int, default=LoraTrainConfig.rank, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+def train_demo_lora_command(out: str, model: str | None, minutes: float, steps: int | None, rank: int, seed: int,
+                            overwrite: bool) -> None:
+    """Train the demo LoRA: "large" shapes, a word the demo model never learned (one thread)."""
+    config = dataclasses.replace(LoraTrainConfig(), seed=seed, minutes=minutes, steps=steps, rank=rank)
+    r = train_demo_lora(Path(out), config, model=model, overwrite=overwrite)
+    click.echo(f"lora: {r.steps} steps in {r.seconds / 60:.1f} min, loss {r.first_loss:.4f} -> {r.last_loss:.4f}")
+    click.echo(f"wrote the LoRA to {out}")

@@ -2,7 +2,8 @@
 
 Every sample is a pure function of (seed, index), so a training run, a test and an evaluation all see the
 same pictures. Some (shape colour, background colour) pairs never occur in training: prompts that name them
-measure generalisation rather than memorisation.
+measure generalisation rather than memorisation. "Large" shapes (split "large") are not in the base model's
+training at all: they are the concept the demo LoRA teaches.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ POSITIONS: dict[str, tuple[float, float]] = {
     "center": (0.5, 0.5),
 }
 HALF_SIZE_RANGE = (9.0, 13.0)  # pixels at 64x64: half the side of the shape's bounding box
+# The demo LoRA's concept, "large": about twice the size, drawn at the centre only (a corner cannot hold it).
+# The word is in the demo tokenizers' vocabulary, but no base training caption contains it.
+LARGE = "large"
+LARGE_HALF_SIZE_RANGE = (19.0, 23.0)
+LARGE_HALF_SIZE = 21.0
 CENTRE_JITTER = 3.0  # pixels
 
 _NAMES = list(COLOURS)
@@ -54,11 +60,13 @@ class ShapeSpec:
     position: str
     half_size: float = 11.0
     offset: tuple[float, float] = (0.0, 0.0)  # pixels added to the position's centre
+    large: bool = False  # captioned "large" (and drawn in LARGE_HALF_SIZE_RANGE)
 
     @property
     def caption(self) -> str:
-        article = "an" if self.colour[0] in "aeiou" else "a"
-        return f"{article} {self.colour} {self.shape} on a {self.background} background, {self.position}"
+        described = f"{LARGE} {self.colour}" if self.large else self.colour
+        article = "an" if described[0] in "aeiou" else "a"
+        return f"{article} {described} {self.shape} on a {self.background} background, {self.position}"
 
     @property
     def held_out(self) -> bool:
@@ -72,10 +80,14 @@ class ShapeSpec:
 
 @functools.cache
 def combinations(split: str = "all") -> tuple[ShapeSpec, ...]:
-    """Every attribute combination (at the nominal size and place): "train", "held_out" or "all"."""
+    """Every attribute combination (at the nominal size and place): "train", "held_out" or "all" of the base
+    dataset, or "large": the large shapes of the training colour pairs, at the centre."""
     specs = tuple(ShapeSpec(shape, colour, background, position)
                   for colour, background in itertools.permutations(COLOURS, 2)
                   for shape in SHAPES for position in POSITIONS)
+    if split == LARGE:
+        return tuple(dataclasses.replace(s, half_size=LARGE_HALF_SIZE, large=True)
+                     for s in specs if not s.held_out and s.position == "center")
     if split == "all":
         return specs
     if split not in ("train", "held_out"):
@@ -95,7 +107,8 @@ def random_spec(rng: np.random.Generator, split: str = "train") -> ShapeSpec:
     pool = combinations(split)
     base = pool[int(rng.integers(len(pool)))]
     jitter = rng.uniform(-CENTRE_JITTER, CENTRE_JITTER, size=2)
-    return dataclasses.replace(base, half_size=float(rng.uniform(*HALF_SIZE_RANGE)),
+    sizes = LARGE_HALF_SIZE_RANGE if base.large else HALF_SIZE_RANGE
+    return dataclasses.replace(base, half_size=float(rng.uniform(*sizes)),
                                offset=(float(jitter[0]), float(jitter[1])))
 
 

@@ -1,5 +1,6 @@
-"""Does a picture follow its prompt? Read background colour, shape colour, position and shape type back
-off an image, score a model set on a fixed prompt set, and draw a contact sheet.
+"""Does a picture follow its prompt? Read background colour, shape colour, position, shape type and size
+(ordinary or the demo LoRA's "large") back off an image, score a model set on a fixed prompt set, and draw a
+contact sheet.
 
 The reader uses only the dataset's definitions (palette, positions, shape geometry), never a model: it is
 checked on the true dataset pictures before it is trusted with generated ones.
@@ -18,12 +19,13 @@ from PIL import Image, ImageDraw, ImageFont
 from tqdm import tqdm
 
 from ..errors import AnimaError
+from ..model.lora import LoraRef
 from ..model_set import from_model_dir
 from ..pipeline import AnimaPipeline, GenerationParams
 from . import dataset
 from .dataset import ShapeSpec
 
-ATTRIBUTES = ("background", "colour", "position", "shape")
+ATTRIBUTES = ("background", "colour", "position", "shape", "size")
 _PALETTE_NAMES = list(dataset.COLOURS)
 _PALETTE = np.array([dataset.COLOURS[n] for n in _PALETTE_NAMES], dtype=np.float32)
 # Half the smallest distance between two palette colours (orange-yellow, ~86): a pixel further than this
@@ -32,6 +34,8 @@ _SHAPE_THRESHOLD = 0.5 * min(np.linalg.norm(a - b) for i, a in enumerate(_PALETT
 _MIN_SHAPE_PIXELS = 40  # the smallest true shape (a triangle of half-size 9) covers ~160
 # Filled share of the bounding box: square 1, circle pi/4, triangle 1/2; cut halfway between.
 _SQUARE_ABOVE, _TRIANGLE_BELOW = (1 + np.pi / 4) / 2, (np.pi / 4 + 0.5) / 2
+# Bounding-box side above which a shape is large: halfway between the ordinary (<= 26) and large (>= 38) sides.
+_LARGE_ABOVE = dataset.HALF_SIZE_RANGE[1] + dataset.LARGE_HALF_SIZE_RANGE[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,10 +44,12 @@ class Reading:
     colour: str | None  # None: no shape found
     position: str | None
     shape: str | None
+    large: bool | None = None
 
     def matches(self, spec: ShapeSpec) -> dict[str, bool]:
         return {"background": self.background == spec.background, "colour": self.colour == spec.colour,
-                "position": self.position == spec.position, "shape": self.shape == spec.shape}
+                "position": self.position == spec.position, "shape": self.shape == spec.shape,
+                "size": self.large == spec.large}
 
 
 def _nearest_colour(rgb: np.ndarray) -> str:
@@ -75,13 +81,28 @@ def read_image(image: np.ndarray) -> Reading:
     size = dataset.IMAGE_SIZE
     anchors = {name: (fx * size, fy * size) for name, (fx, fy) in dataset.POSITIONS.items()}
     position = min(anchors, key=lambda n: (anchors[n][0] - xs.mean()) ** 2 + (anchors[n][1] - ys.mean()) ** 2)
-    fill = mask.sum() / ((ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1))
+    height, width = ys.max() - ys.min() + 1, xs.max() - xs.min() + 1
+    fill = mask.sum() / (height * width)
     shape = "square" if fill > _SQUARE_ABOVE else "triangle" if fill < _TRIANGLE_BELOW else "circle"
-    return Reading(background, colour, position, shape)
+    return Reading(background, colour, position, shape, bool(max(height, width) > _LARGE_ABOVE))
 
 
-def prompt_set(count: int = 24, seed: int = 7) -> list[ShapeSpec]:
-    """A fixed set of prompts, every third one a held-out colour pair, no combination twice."""
+CONCEPTS = ("none", dataset.LARGE)
+
+
+def prompt_set(count: int = 24, seed: int = 7, concept: str = "none") -> list[ShapeSpec]:
+    """A fixed set of prompts, every third one a held-out colour pair, no combination twice.
+
+    With concept "large" every second prompt asks for a large shape instead (the demo LoRA's concept)."""
+    if concept == dataset.LARGE:
+        pool = dataset.combinations(dataset.LARGE)
+        if isinstance(count, bool) or not isinstance(count, int) or not 2 <= count <= 2 * len(pool):
+            raise AnimaError(f"the prompt set with large shapes has 2 to {2 * len(pool)} prompts, got {count!r:.40}")
+        large = [pool[i] for i in np.random.default_rng((seed, 1)).permutation(len(pool))[:count // 2]]
+        base = prompt_set(count - count // 2, seed)
+        return [spec for pair in zip(base, large) for spec in pair] + base[len(large):]
+    if concept != "none":
+        raise AnimaError(f"unknown concept {concept!r:.40}; choose one of {', '.join(CONCEPTS)}")
     pools = {split: list(dataset.combinations(split)) for split in ("train", "held_out")}
     # count - count // 3 train and count // 3 held-out prompts must fit their pools
     most = min(3 * len(pools["train"]) // 2, 3 * len(pools["held_out"]) + 2)
@@ -110,14 +131,17 @@ class Judged:
 
 
 def generate_images(model_dir: str | os.PathLike, specs: Sequence[ShapeSpec], *, steps: int = 20, cfg: float = 4.0,
-                    seed: int = 1000, cache: str = "none", pipeline: AnimaPipeline | None = None,
+                    seed: int = 1000, cache: str = "none", loras: Sequence[LoraRef] = (),
+                    lora_ignore_unmatched: bool = False, pipeline: AnimaPipeline | None = None,
                     progress: bool = False) -> list[np.ndarray]:
-    """One image per prompt at the dataset's size; prompt i uses seed + i (a non-finite one comes back black).
+    """One image per prompt at the dataset's size; prompt i uses seed + i (a non-finite one comes back black);
+    `loras` merged into the DiT.
 
     The settings are checked before the model loads; `progress` shows a bar on stderr from then on."""
     size = dataset.IMAGE_SIZE
     all_params = [GenerationParams(prompt=spec.caption, width=size, height=size, steps=steps, cfg=cfg,
-                                   seed=seed + i, cache=cache) for i, spec in enumerate(specs)]
+                                   seed=seed + i, cache=cache, loras=list(loras),
+                                   lora_ignore_unmatched=lora_ignore_unmatched) for i, spec in enumerate(specs)]
     for params in all_params:
         params.validate()  # before the model loads
     pipeline = pipeline or AnimaPipeline(from_model_dir(model_dir), keep_dit=True)
@@ -134,7 +158,7 @@ def judge(specs: Sequence[ShapeSpec], images: Sequence[np.ndarray]) -> list[Judg
 
 
 def adherence(judged: Sequence[Judged], keep: Callable[[Judged], bool] = lambda j: True) -> dict[str, float]:
-    """Share of prompts right on each attribute, and on all four at once."""
+    """Share of prompts right on each attribute, and on all of them at once."""
     chosen = [j for j in judged if keep(j)]
     if not chosen:
         return {}
@@ -143,10 +167,17 @@ def adherence(judged: Sequence[Judged], keep: Callable[[Judged], bool] = lambda 
     return scores
 
 
+# Rows of the adherence table: the base training combinations, the held-out ones, the LoRA's large shapes.
+PROMPT_KINDS: dict[str, Callable[[Judged], bool]] = {
+    "train": lambda j: not j.spec.held_out and not j.spec.large, "held-out": lambda j: j.spec.held_out,
+    dataset.LARGE: lambda j: j.spec.large, "all": lambda j: True}
+
+
 def adherence_table(judged: Sequence[Judged]) -> str:
-    rows = [("train", lambda j: not j.spec.held_out), ("held-out", lambda j: j.spec.held_out), ("all", lambda j: True)]
     lines = [f"{'prompts':<10}{'n':>4}" + "".join(f"{a:>12}" for a in (*ATTRIBUTES, "all"))]
-    for name, keep in rows:
+    for name, keep in PROMPT_KINDS.items():
+        if name == dataset.LARGE and not any(keep(j) for j in judged):
+            continue  # a prompt set without the LoRA concept
         scores = adherence(judged, keep)
         n = sum(keep(j) for j in judged)
         lines.append(f"{name:<10}{n:>4}" + "".join(f"{scores.get(a, float('nan')):>12.0%}" for a in (*ATTRIBUTES, "all")))

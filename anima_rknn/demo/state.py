@@ -24,7 +24,8 @@ from ..files import Unreadable, is_temporary, json_text, read_small_json
 WORK_FOLDER = ".train"
 CONFIG_FILE = "config.json"
 VAE_STATE, DIT_STATE, LATENTS = "vae.safetensors", "dit.safetensors", "latents.safetensors"
-KNOWN_FILES = (CONFIG_FILE, VAE_STATE, DIT_STATE, LATENTS)
+# train-demo-lora's work folder: the same kinds of files (its one stage, and a latent pool per kind of picture).
+LORA_STATE, CONCEPT_LATENTS = "lora.safetensors", "concept_latents.safetensors"
 PROGRESS_KEY = "anima_rknn.demo.progress"
 _PROGRESS_FIELDS = {"step", "elapsed", "done", "param_groups", "optimizer_numbers"}
 _OPTIMIZER_NAME = re.compile(r"optimizer\.state\.(\d+)\.(\w+)")
@@ -63,25 +64,29 @@ def read_json(path: Path, limit: int = 1 << 16) -> object:
         raise _refuse(path, str(e)) from None
 
 
-def check_work_folder(work: Path) -> None:
-    """Every file in `work` is one train-demo writes, and each state file reads as its format.
+def check_work_folder(work: Path, stages: tuple[str, ...] = (VAE_STATE, DIT_STATE), pools: tuple[str, ...] = (LATENTS,),
+                      command: str = "train-demo") -> None:
+    """Every file in `work` is one `command` writes (its config, `stages`, latent `pools`), and each state
+    file reads as its format.
 
     Runs before anything is written, so that a bad file stops the run before minutes of work."""
+    known = (CONFIG_FILE, *stages, *pools)
     if work.is_symlink() or (work.exists() and not work.is_dir()):
-        raise AnimaError(f"{work} is not a folder train-demo made; it is not used (use a new --out)")
+        raise AnimaError(f"{work} is not a folder {command} made; it is not used (use a new --out)")
     if not work.is_dir():
         return
     for entry in sorted(work.iterdir()):
         if is_temporary(entry):
             continue  # left by a killed run; never read
-        if entry.name not in KNOWN_FILES or entry.is_symlink() or not entry.is_file():
-            raise AnimaError(f"{entry} is not a file train-demo writes (it keeps only {', '.join(KNOWN_FILES)} "
+        if entry.name not in known or entry.is_symlink() or not entry.is_file():
+            raise AnimaError(f"{entry} is not a file {command} writes (it keeps only {', '.join(known)} "
                              "there); it is not read (move it away, or use a new --out)")
-    for name in (VAE_STATE, DIT_STATE):
+    for name in stages:
         if (work / name).is_file():
             _read_progress(work / name)
-    if (work / LATENTS).is_file():
-        _latent_shape(work / LATENTS)
+    for name in pools:
+        if (work / name).is_file():
+            _latent_shape(work / name)
 
 
 # ---- one stage: model(s) + optimizer + progress -----------------------------------------------------------

@@ -286,10 +286,7 @@ def train_vae(config: DemoConfig, work: Path) -> tuple[WanVAE, StageResult]:
             group["lr"] = _learning_rate(config.vae_lr, step, progress, config.warmup_steps)
         images, _ = dataset.batch(config.seed, step * config.vae_batch, config.vae_batch)
         loss = _vae_loss(vae, _images_to_tensor(images), torch.Generator().manual_seed(step), config.kl_weight)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
-        optimizer.step()
+        optimizer_step(loss, optimizer, vae.parameters())
         return loss.item()
 
     result = stage.run(train_step)
@@ -358,25 +355,54 @@ def training_captions() -> list[str]:
     return [s.caption for s in dataset.combinations("train")] + ["", DEFAULT_NEGATIVE]
 
 
-def _training_caption(spec: dataset.ShapeSpec, rng: np.random.Generator, dropout: float) -> str:
+def training_caption(spec: dataset.ShapeSpec, rng: np.random.Generator, dropout: float) -> str:
     if rng.random() >= dropout:
         return spec.caption
     return "" if rng.random() < 0.5 else DEFAULT_NEGATIVE
 
 
-def _latent_pool(vae: WanVAE, seed: int, count: int, path: Path, chunk: int = 128) -> torch.Tensor:
-    """Normalised latents of dataset samples 0..count-1 of `seed`, cached in `path` for a resumed run."""
+def latent_pool(vae: WanVAE, seed: int, count: int, path: Path, split: str = "train", chunk: int = 128) -> torch.Tensor:
+    """Normalised latents of dataset samples 0..count-1 of `seed` (and `split`), cached in `path` for a resumed run."""
     side = dataset.IMAGE_SIZE // vae.scale_factor
     if path.is_file():
         return train_state.load_latents(path, (count, vae.config.z_dim, side, side))
     parts = []
     with torch.no_grad():
         for start in tqdm(range(0, count, chunk), desc="encode latents", file=sys.stderr, dynamic_ncols=True):
-            images, _ = dataset.batch(seed, start, min(chunk, count - start))
+            images, _ = dataset.batch(seed, start, min(chunk, count - start), split)
             parts.append(vae.encode(_images_to_tensor(images)))
     pool = torch.cat(parts)
     train_state.save_latents(path, pool)
     return pool
+
+
+@dataclasses.dataclass(frozen=True)
+class Noised:
+    """A rectified-flow training batch: x_t = (1 - s) x0 + s eps at shifted sigmas s, target v = eps - x0."""
+
+    x_t: torch.Tensor
+    sigma: torch.Tensor
+    target: torch.Tensor
+
+    @classmethod
+    def draw(cls, x0: torch.Tensor, rng: np.random.Generator, step: int, flow_shift: float) -> Noised:
+        """Noise from the step number, sigmas from `rng` (so a resumed run draws what it would have)."""
+        eps = torch.randn(x0.shape, generator=torch.Generator().manual_seed(step))
+        sigma = torch.from_numpy(shift_sigma(rng.random(len(x0)), flow_shift)).float()
+        x_t = (1 - sigma.view(-1, 1, 1, 1)) * x0 + sigma.view(-1, 1, 1, 1) * eps
+        return cls(x_t, sigma, eps - x0)
+
+    def loss(self, dit: AnimaDiT, bank: CaptionBank, captions: list[str]) -> torch.Tensor:
+        velocity = dit(self.x_t, self.sigma, bank.context(dit.llm_adapter, captions))
+        return F.mse_loss(velocity, self.target)
+
+
+def optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, params) -> None:
+    """Backward, clip the gradient norm to 1, step."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
 
 
 def train_dit(config: DemoConfig, work: Path, vae: WanVAE, bank: CaptionBank) -> tuple[AnimaDiT, StageResult]:
@@ -387,7 +413,7 @@ def train_dit(config: DemoConfig, work: Path, vae: WanVAE, bank: CaptionBank) ->
     # the checkpoint is checked before the pool: a bad one fails before minutes of encoding
     seconds = 60 * config.minutes * (1 - config.vae_share)
     stage = Stage("dit", work / train_state.DIT_STATE, config.dit_steps, seconds, {"model": dit, "ema": ema}, optimizer)
-    pool = _latent_pool(vae, data_seed, config.latent_pool, work / train_state.LATENTS)
+    pool = latent_pool(vae, data_seed, config.latent_pool, work / train_state.LATENTS)
     dit.train()
 
     def train_step(step: int, progress: float) -> float:
@@ -395,17 +421,10 @@ def train_dit(config: DemoConfig, work: Path, vae: WanVAE, bank: CaptionBank) ->
             group["lr"] = _learning_rate(config.dit_lr, step, progress, config.warmup_steps)
         rng = np.random.default_rng((config.seed, 2, step))
         picked = rng.integers(config.latent_pool, size=config.dit_batch)
-        x0 = pool[torch.from_numpy(picked)]
-        eps = torch.randn(x0.shape, generator=torch.Generator().manual_seed(step))
-        sigma = torch.from_numpy(shift_sigma(rng.random(len(picked)), config.flow_shift)).float()
-        x_t = (1 - sigma.view(-1, 1, 1, 1)) * x0 + sigma.view(-1, 1, 1, 1) * eps
-        captions = [_training_caption(dataset.sample(data_seed, int(i)), rng, config.caption_dropout) for i in picked]
-        velocity = dit(x_t, sigma, bank.context(dit.llm_adapter, captions))
-        loss = F.mse_loss(velocity, eps - x0)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(dit.parameters(), 1.0)
-        optimizer.step()
+        noised = Noised.draw(pool[torch.from_numpy(picked)], rng, step, config.flow_shift)
+        captions = [training_caption(dataset.sample(data_seed, int(i)), rng, config.caption_dropout) for i in picked]
+        loss = noised.loss(dit, bank, captions)
+        optimizer_step(loss, optimizer, dit.parameters())
         decay = min(config.ema_decay, (1 + step) / (10 + step))  # early on, follow the model closely
         with torch.no_grad():
             for e, p in zip(ema.parameters(), dit.parameters()):
@@ -426,19 +445,20 @@ def store_preview_projection(vae_path: Path, config: DemoConfig) -> Path:
     return store_projection(vae_path, _images_to_tensor(images))
 
 
-def _check_resume(work: Path, config: DemoConfig) -> None:
+def check_resume(work: Path, config, holder: Path, **folder) -> None:
     """A resumed run must be the run that was started (only the time budget may change); its files must all
-    be train-demo's own, in their formats. Nothing is written before this passes."""
+    be the command's own (`folder`: check_work_folder's stages, pools and command), in their formats. `config`
+    is a DemoConfig or a config class like it (from_dict, minutes). Nothing is written before this passes."""
     saved = work / train_state.CONFIG_FILE
-    train_state.check_work_folder(work)
+    train_state.check_work_folder(work, **folder)
     if saved.is_file():
         raw = train_state.read_json(saved)
         try:
-            before = DemoConfig.from_dict(raw)
+            before = type(config).from_dict(raw)
         except AnimaError as e:
             raise AnimaError(f"{saved}: {e}") from None
         if dataclasses.replace(before, minutes=config.minutes) != config:
-            raise AnimaError(f"{work.parent} holds a training run with another configuration; use a new --out")
+            raise AnimaError(f"{holder} holds a training run with another configuration; use a new --out")
 
 
 def _stage_metadata(config: DemoConfig, result: StageResult) -> dict[str, str]:
@@ -479,7 +499,7 @@ def train_demo(out: str | Path, config: DemoConfig = DemoConfig(), threads: int 
     holds = "a model set" if (out / "split_files").exists() else "other files"
     work = out / train_state.WORK_FOLDER
     output_folder(out, overwrite=overwrite, holds=holds, resumable=str(Path(work.name) / train_state.CONFIG_FILE))
-    _check_resume(work, config)
+    check_resume(work, config, out)
     work.mkdir(exist_ok=True)
     write_json(work / train_state.CONFIG_FILE, dataclasses.asdict(config), overwrite=True)
     torch.set_num_threads(threads)

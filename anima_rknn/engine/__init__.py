@@ -26,9 +26,10 @@ def _check_sizes(config: DiTConfig, manifest: dict[str, Any], subgraphs: Path) -
 
 
 def subgraph_manifest(config: DiTConfig, subgraphs: Path | None, backend: str, dit_path: Path | None,
-                      width: int, height: int) -> dict[str, Any] | None:
+                      width: int, height: int, loras: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """The checked manifest of an exported (onnx) or converted (rknn) set, which must have this DiT's sizes
-    (None for the torch backend, which needs no set). Cheap to repeat: file hashes are cached per file version."""
+    and, given `loras` (LoRA identities), be baked with those LoRAs (None for the torch backend, which needs no
+    set). Cheap to repeat: file hashes are cached per file version."""
     if backend == "torch":
         return None
     # imported here: export.onnx imports engine.backends (a cycle at import time)
@@ -38,7 +39,7 @@ def subgraph_manifest(config: DiTConfig, subgraphs: Path | None, backend: str, d
     if subgraphs is None:
         raise AnimaError(f"the {backend} backend needs an exported subgraph folder (--subgraphs DIR)")
     read = read_converted_manifest if backend == "rknn" else load_manifest
-    manifest = read(Path(subgraphs), dit_path=dit_path, width=width, height=height)
+    manifest = read(Path(subgraphs), dit_path=dit_path, width=width, height=height, loras=loras)
     _check_sizes(config, manifest, subgraphs)
     return manifest
 

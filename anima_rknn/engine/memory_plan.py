@@ -213,3 +213,52 @@ def plan_memory(manifest: dict[str, Any], budget_bytes: int | None) -> MemoryPla
         contexts.append(ContextCost(entry["index"], kind, weights, activation, record.get("rknn_bytes", weights)))
     return choose(contexts, tokens, host_bytes(hidden, model["blocks"], tokens), budget_bytes,
                   "compiler" if from_compiler else "spec-scaled")
+
+
+# The host side of a tiled decode: the blended float32 image, its weight sum and the blend's temporaries
+# (vae.tiling's figure), beside the runtime itself.
+VAE_HOST_BYTES_PER_PIXEL = 32
+
+
+@dataclass(frozen=True)
+class VaeStage:
+    """The decode stage of an rknn run: the one VAE decoder context, opened after the DiT's are closed."""
+
+    context: ContextCost
+    host_bytes: int
+    activation_source: str
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.host_bytes + self.context.total_bytes
+
+    def describe(self, dit: MemoryPlan | None = None) -> str:
+        c = self.context
+        lines = [f"VAE decoder context (activations {self.activation_source}): weights {size(c.weight_bytes)}, "
+                 f"activations {size(c.activation_bytes)}, file copy {size(c.file_bytes)}, host side "
+                 f"{size(self.host_bytes)}: decode stage peak {size(self.peak_bytes)} (NPU {size(c.npu_bytes)})"]
+        if dit is not None:  # the stages follow each other: the run's peak is the larger one
+            lines.append(f"whole run (DiT contexts closed before the decode): peak "
+                         f"{size(max(dit.peak_bytes, self.peak_bytes))}")
+        return "\n".join(lines)
+
+
+def plan_vae(manifest: dict[str, Any], width: int, height: int, budget_bytes: int | None) -> VaeStage:
+    """The decode stage of a converted VAE decoder set for a width x height image, from the compiler's own
+    figures (the .rknn file's size stands in for any it did not print)."""
+    if "rknn" not in manifest:
+        raise AnimaError("plan the VAE decoder from its converted set: the sizes come from the RKNN compiler")
+    record = manifest["rknn"]["subgraphs"][0]
+    file_bytes = record["rknn_bytes"]
+    from_compiler = "internal_bytes" in record and "weight_bytes" in record
+    context = ContextCost(0, "vae_decoder", record.get("weight_bytes", file_bytes),
+                          record.get("internal_bytes", file_bytes), file_bytes)
+    stage = VaeStage(context, HOST_RUNTIME_BYTES + VAE_HOST_BYTES_PER_PIXEL * width * height,
+                     "compiler" if from_compiler else "file size")
+    if context.npu_bytes > NPU_DOMAIN_BYTES:
+        raise AnimaError(f"the VAE decoder context needs {size(context.npu_bytes)}, more than the NPU's "
+                         f"{size(NPU_DOMAIN_BYTES)} address space: export a smaller tile")
+    if budget_bytes is not None and stage.peak_bytes > budget_bytes:
+        raise AnimaError(f"a memory budget of {size(budget_bytes)} cannot hold the VAE decode stage: "
+                         f"{size(stage.peak_bytes)} is needed; export a smaller tile")
+    return stage

@@ -1,6 +1,7 @@
 """The `manifest.json` of a subgraph set, shared by the ONNX export and the RKNN conversion.
 
-A set is made for one resolution and one DiT file; these checks refuse to use it for anything else. The
+A set is made for one resolution and one DiT file (or, a VAE decoder set, for one tile size and one VAE file);
+these checks refuse to use it for anything else. The
 manifest is checked whole, like user input, before any file it names is opened: every field the code uses has
 its type and a bounded range, and every file it names is a plain name inside the set's own folder (no paths,
 no links leading out), so a crafted set can neither make the program read elsewhere nor allocate much.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -19,8 +21,15 @@ from typing import Any, NoReturn
 
 from ..errors import AnimaError
 from ..files import Unreadable, is_temporary, output_folder, read_small_json, sha256_file
+from ..model.lora import MAX_LORAS
+from ..model.lora import MAX_SCALE as MAX_LORA_SCALE
 
 SUBGRAPHS_FORMAT = "anima-rknn-subgraphs/1"
+VAE_FORMAT = "anima-rknn-vae/1"  # a one-subgraph set: the VAE decoder for one latent tile
+SET_KINDS = {SUBGRAPHS_FORMAT: "dit", VAE_FORMAT: "vae"}
+VAE_DECODER_KIND = "vae_decoder"
+MAX_Z_DIM = 1024
+MAX_STREAM = 1e30  # a decoder's activations: far past fp32's useful range for images
 MANIFEST = "manifest.json"
 SUBGRAPH_DTYPES = ("float32", "float16")
 MAX_SIDE = 8192  # pixels
@@ -265,6 +274,8 @@ def _check_conversion(value: Any, at: Field, entries: list[dict[str, Any]]) -> N
 def check_manifest(value: Any, at: Field) -> dict[str, Any]:
     """`value` if it is a whole, consistent subgraph-set manifest; otherwise one line naming the first problem."""
     manifest = _object(value, at)
+    if _same(manifest.get("format"), VAE_FORMAT):
+        return _check_vae_manifest(manifest, at)
     if not _same(manifest.get("format"), SUBGRAPHS_FORMAT):
         at.fail(f"not an {SUBGRAPHS_FORMAT} manifest")
     model = _field(manifest, at, "model", _object)
@@ -285,18 +296,91 @@ def check_manifest(value: Any, at: Field) -> dict[str, Any]:
         at["subgraphs"].fail("two entries name the same file")
     if "rknn" in manifest:
         _check_conversion(manifest["rknn"], at["rknn"], entries)
+    for index, lora in enumerate(_field(manifest, at, "loras", _list_up_to, MAX_LORAS) if "loras" in manifest else []):
+        _check_lora(lora, at["loras"][index])
     return manifest
 
 
-def read_manifest(subgraph_dir: str | os.PathLike) -> dict[str, Any]:
-    """The set's manifest, checked whole (see check_manifest), its files all inside `subgraph_dir`."""
+def _list_up_to(value: Any, at: Field, most: int) -> list[Any]:
+    if not isinstance(value, list) or len(value) > most:
+        at.fail(f"expected a list of at most {most} entries, got {_show(value)}")
+    return value
+
+
+def _check_lora(value: Any, at: Field) -> None:
+    """A LoRA baked into the subgraphs: its file name, sha256 and scale."""
+    lora = _object(value, at)
+    _field(lora, at, "file", plain_name, ".safetensors")
+    _field(lora, at, "sha256", _sha256)
+    _field(lora, at, "scale", _number, -MAX_LORA_SCALE, MAX_LORA_SCALE)
+
+
+def _loras_text(loras: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{lora['file']}:{lora['scale']:g}" for lora in loras) or "none"
+
+
+def vae_tile_shapes(z_dim: int, scale_factor: int, tile: int) -> tuple[list[int], list[int]]:
+    """The decoder tile's input (normalised latent) and output (RGB in [0, 1]) shapes."""
+    return [1, z_dim, tile // scale_factor, tile // scale_factor], [1, 3, tile, tile]
+
+
+def _check_vae_manifest(manifest: dict[str, Any], at: Field) -> dict[str, Any]:
+    """A VAE decoder set: one ONNX graph for one latent tile, made from one VAE file."""
+    model = _field(manifest, at, "model", _object)
+    _field(model, at["model"], "file", plain_name)
+    _field(model, at["model"], "sha256", _sha256)
+    z_dim = _field(model, at["model"], "z_dim", _int, 1, MAX_Z_DIM)
+    scale = _field(model, at["model"], "scale_factor", _choice_int, (1, 2, 4, 8))
+    tile = _field(manifest, at, "tile", _int, scale, MAX_SIDE)
+    if tile % scale:
+        at["tile"].fail(f"expected a multiple of the VAE's scale {scale}, got {tile}")
+    overlap = _field(manifest, at, "overlap", _int, 0, tile // 2)
+    if overlap % scale:
+        at["overlap"].fail(f"expected a multiple of the VAE's scale {scale}, got {overlap}")
+    _field(manifest, at, "dtype", _equal, "float32")
+    _field(manifest, at, "stream_peak", _number, 0, MAX_STREAM)  # fp32, measured at export (vae.rescale)
+    stream_scale = _field(manifest, at, "stream_scale", _number, 1, MAX_STREAM)
+    if math.log2(stream_scale) % 1:
+        at["stream_scale"].fail(f"expected a power of two, got {_show(stream_scale)}")
+    entries = _field(manifest, at, "subgraphs", _list, 1)
+    entry, at_entry = _object(entries[0], at["subgraphs"][0]), at["subgraphs"][0]
+    _field(entry, at_entry, "index", _equal, 0)
+    _field(entry, at_entry, "kind", _equal, VAE_DECODER_KIND)
+    _field(entry, at_entry, "file", plain_name, ".onnx")
+    _field(entry, at_entry, "sha256", _sha256)
+    z_shape, image_shape = vae_tile_shapes(z_dim, scale, tile)
+    _field(entry, at_entry, "inputs", _tensors, {"z": z_shape}, "float32")
+    _field(entry, at_entry, "outputs", _tensors, {"y": image_shape}, "float32")
+    if "rknn" in manifest:
+        _check_conversion(manifest["rknn"], at["rknn"], entries)
+    return manifest
+
+
+def _choice_int(value: Any, at: Field, choices: tuple[int, ...]) -> int:
+    if isinstance(value, bool) or value not in choices:
+        at.fail(f"expected one of {', '.join(map(str, choices))}, got {_show(value)}")
+    return value
+
+
+def set_kind(manifest: dict[str, Any]) -> str:
+    """"dit" for the DiT's subgraphs, "vae" for a VAE decoder set."""
+    return SET_KINDS[manifest["format"]]
+
+
+def read_manifest(subgraph_dir: str | os.PathLike, kind: str | None = "dit") -> dict[str, Any]:
+    """The set's manifest, checked whole (see check_manifest), its files all inside `subgraph_dir`; refused
+    when it is not a set of `kind` ("dit", "vae"; None takes either)."""
     folder = Path(subgraph_dir)
     at = Field(str(folder / MANIFEST))
     path = set_file(folder, MANIFEST, at)
     if not os.path.lexists(path):
+        command = "export-vae" if kind == "vae" else "export-onnx"
         raise AnimaError(f"{folder} holds no {MANIFEST}: export a subgraph set with "
-                         "`anima-rknn export-onnx` first")
+                         f"`anima-rknn {command}` first")
     manifest = check_manifest(read_json(path, at), at)
+    if kind is not None and set_kind(manifest) != kind:
+        raise AnimaError(f"{folder} holds " + ("a VAE decoder set, not DiT subgraphs" if kind == "dit"
+                                              else "DiT subgraphs, not a VAE decoder set"))
     for index, entry in enumerate(manifest["subgraphs"]):
         set_file(folder, entry["file"], at["subgraphs"][index]["file"])
     for index, record in enumerate(manifest.get("rknn", {}).get("subgraphs", [])):
@@ -356,20 +440,31 @@ def cached_sha256(path: str | os.PathLike) -> str:
 
 
 def check_set(manifest: dict[str, Any], subgraph_dir: str | os.PathLike, *, dit_path: str | os.PathLike | None,
-              width: int, height: int) -> None:
-    """Resolution, and (given `dit_path`) the DiT file the set was exported from."""
+              width: int, height: int, loras: list[dict[str, Any]] | None = None) -> None:
+    """Resolution, (given `loras`) the LoRAs baked in, and (given `dit_path`) the DiT file the set was exported
+    from. `loras` are LoRA identities ({file, sha256, scale}); the order they were merged in does not matter."""
     if (manifest["width"], manifest["height"]) != (width, height):
         raise AnimaError(f"subgraphs in {subgraph_dir} were exported for {manifest['width']}x{manifest['height']}, "
                          f"asked for {width}x{height}")
-    if dit_path is None:
-        return
-    if not Path(dit_path).is_file():
-        raise AnimaError(f"DiT file not found: {dit_path}")
-    digest = cached_sha256(dit_path)
+    if loras is not None:
+        baked = manifest.get("loras", [])
+        if sorted((b["sha256"], float(b["scale"])) for b in baked) != sorted((r["sha256"], r["scale"]) for r in loras):
+            raise AnimaError(f"subgraphs in {subgraph_dir} were baked with LoRAs {_loras_text(baked)}, this run asks "
+                             f"for {_loras_text(loras)}: export a set with the same --lora options")
+    if dit_path is not None:
+        check_source(manifest, dit_path, "DiT", f"subgraphs in {subgraph_dir} were")
+
+
+def check_source(manifest: dict[str, Any], source: str | os.PathLike, what: str, subject: str) -> None:
+    """The model file a set was made from (by its sha256, hashed once per file version): `subject` ("subgraphs
+    in DIR were") exported from `source`, a `what` ("DiT", "VAE") file."""
+    if not Path(source).is_file():
+        raise AnimaError(f"{what} file not found: {source}")
+    digest = cached_sha256(source)
     if digest != manifest["model"]["sha256"]:
-        raise AnimaError(f"subgraphs in {subgraph_dir} were exported from a different DiT file "
+        raise AnimaError(f"{subject} exported from a different {what} file "
                          f"({manifest['model']['file']}, sha256 {manifest['model']['sha256'][:12]}...; "
-                         f"{Path(dit_path).name} has sha256 {digest[:12]}...)")
+                         f"{Path(source).name} has sha256 {digest[:12]}...)")
 
 
 def check_file(path: Path, expected_sha256: str) -> None:

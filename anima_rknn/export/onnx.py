@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import warnings
 from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,7 +22,8 @@ from ..engine.backends.base import SUBGRAPH_KINDS, subgraph_name
 from ..errors import AnimaError
 from ..files import atomic_path, sha256_file, write_json
 from ..model.config import DiTConfig
-from ..model.io import load_dit
+from ..model.io import load_dit, read_dit_config
+from ..model.lora import LoraRef, open_loras
 from .manifest import (
     MANIFEST,
     MAX_SIDE,
@@ -57,7 +59,7 @@ def config_shapes(kind: str, config: DiTConfig, tokens: int) -> dict[str, list[i
                         context_tokens=config.context_tokens, context_dim=config.context_dim)
 
 
-def _export_graph(module: torch.nn.Module, shapes: dict[str, list[int]], dtype: torch.dtype) -> onnx.ModelProto:
+def export_graph(module: torch.nn.Module, shapes: dict[str, list[int]], dtype: torch.dtype) -> onnx.ModelProto:
     try:
         import onnx
         from onnxscript import optimizer
@@ -79,15 +81,21 @@ def _export_graph(module: torch.nn.Module, shapes: dict[str, list[int]], dtype: 
 
 
 def export_subgraphs(dit_path: Path, width: int, height: int, out_dir: Path, dtype: str = "float32",
-                     progress: bool = True, overwrite: bool = False) -> Path:
-    """Write out_dir/bNN_{self_attn,cross_attn,mlp}.onnx for one resolution, then manifest.json; return its path."""
+                     progress: bool = True, overwrite: bool = False, loras: Sequence[LoraRef] = (),
+                     lora_ignore_unmatched: bool = False) -> Path:
+    """Write out_dir/bNN_{self_attn,cross_attn,mlp}.onnx for one resolution, then manifest.json; return its path.
+
+    `loras` are baked in: merged into the bodies' weights (the NPU cannot add low-rank terms at run time), and
+    recorded in the manifest (file, sha256, scale) so the set is only used with the same LoRAs."""
     dit_path, out_dir = Path(dit_path), Path(out_dir)
     if dtype not in DTYPES:
         raise AnimaError(f"unknown export dtype {dtype!r}; choose float32 or float16")
     tokens = token_count(width, height)
     if not dit_path.is_file():
         raise AnimaError(f"DiT file not found: {dit_path}")
-    dit = load_dit(dit_path, DTYPES[dtype])  # before touching out_dir: a bad DiT file leaves it as it was
+    # Everything is read and checked before out_dir is touched: a bad DiT or LoRA file leaves it as it was.
+    opened = open_loras(list(loras), read_dit_config(dit_path), ignore_unmatched=lora_ignore_unmatched)
+    dit = load_dit(dit_path, DTYPES[dtype], loras=opened)
     config = dit.config
     names = [f"{subgraph_name(index)}.onnx" for index in range(3 * config.blocks)]
     open_set_folder(out_dir, overwrite=overwrite, names=names)
@@ -96,7 +104,7 @@ def export_subgraphs(dit_path: Path, width: int, height: int, out_dir: Path, dty
     for index in tqdm(range(3 * config.blocks), desc="export-onnx", unit="subgraph", disable=not progress):
         kind = SUBGRAPH_KINDS[index % 3]
         shapes = config_shapes(kind, config, tokens)
-        graph = _export_graph(getattr(dit.blocks[index // 3], kind), shapes, DTYPES[dtype])
+        graph = export_graph(getattr(dit.blocks[index // 3], kind), shapes, DTYPES[dtype])
         path = out_dir / names[index]
         with atomic_path(path, overwrite=True) as tmp:
             tmp.write_bytes(graph.SerializeToString())
@@ -112,19 +120,20 @@ def export_subgraphs(dit_path: Path, width: int, height: int, out_dir: Path, dty
                   "hidden": config.hidden, "heads": config.heads, "head_dim": config.head_dim,
                   "context_dim": config.context_dim},
         "width": width, "height": height, "tokens": tokens, "context_tokens": config.context_tokens,
-        "dtype": dtype, "opset": OPSET, "subgraphs": entries,
+        "dtype": dtype, "opset": OPSET, "subgraphs": entries, "loras": [lora.identity() for lora in opened],
     }
     manifest_path = out_dir / MANIFEST
     write_json(manifest_path, manifest, overwrite=True)
     return manifest_path
 
 
-def load_manifest(subgraph_dir: Path, *, dit_path: Path | None, width: int, height: int) -> dict[str, Any]:
+def load_manifest(subgraph_dir: Path, *, dit_path: Path | None, width: int, height: int,
+                  loras: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The set's manifest (checked whole by read_manifest), after checking it fits: resolution, DiT file
     (sha256, skipped when dit_path is None) and every subgraph file's sha256."""
     subgraph_dir = Path(subgraph_dir)
     manifest = read_manifest(subgraph_dir)
-    check_set(manifest, subgraph_dir, dit_path=dit_path, width=width, height=height)
+    check_set(manifest, subgraph_dir, dit_path=dit_path, width=width, height=height, loras=loras)
     for entry in manifest["subgraphs"]:
         check_file(subgraph_dir / entry["file"], entry["sha256"])
     return manifest

@@ -56,14 +56,14 @@ def toolkit() -> tuple[type, str]:
 
 
 def read_converted_manifest(rknn_dir: str | os.PathLike, *, dit_path: str | os.PathLike | None,
-                            width: int, height: int) -> dict[str, Any]:
+                            width: int, height: int, loras: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The manifest of a converted set, after checking it was made for this resolution and (given
     `dit_path`) this DiT file. The .rknn files themselves are hashed when first loaded."""
     manifest = read_manifest(rknn_dir)
     if "rknn" not in manifest:
         raise AnimaError(f"{rknn_dir} holds ONNX subgraphs, not .rknn ones: convert them with "
                          "`anima-rknn convert-rknn` first")
-    check_set(manifest, rknn_dir, dit_path=dit_path, width=width, height=height)
+    check_set(manifest, rknn_dir, dit_path=dit_path, width=width, height=height, loras=loras)
     return manifest
 
 
@@ -185,7 +185,7 @@ def convert_subgraphs(
     source_dir, out_dir = Path(subgraph_dir).resolve(), Path(out_dir).resolve()  # builds run elsewhere
     if out_dir == source_dir:
         raise AnimaError(f"convert into a folder other than {source_dir}: its manifest.json would be replaced")
-    source = read_manifest(source_dir)
+    source = read_manifest(source_dir, kind=None)  # DiT subgraphs or the VAE decoder: converted alike
     for entry in source["subgraphs"]:
         check_file(source_dir / entry["file"], entry["sha256"])
     onnx_names = [entry["file"] for entry in source["subgraphs"]]

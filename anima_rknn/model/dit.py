@@ -4,14 +4,18 @@ Module names follow the checkpoint keys (`blocks.N.self_attn.q_proj`, ...), so a
 Precision policy: the residual stream, LayerNorm, AdaLN and gates are fp32 on the host side; the three
 bodies per block (self-attention, cross-attention, MLP) may hold fp16/bf16 weights (`set_body_dtype`).
 Host linear layers compute in fp32 whatever their weights are stored in, so a loader may leave them in the
-file's bf16 (used in place from the memory map) without changing the arithmetic.
+file's bf16 (used in place from the memory map) without changing the arithmetic. Bodies compute in the dtype of
+their input: weights stored narrower (bf16 from the file, fp32 compute) are cast just in time, one body at a
+time, and the copies dropped after it (`cast_weights`, what ComfyUI calls manual cast).
 The pass is written as prologue -> per block (modulate, body, gate) x 3 -> epilogue so that the split
 engine can run the very same pieces with the bodies on an accelerator.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +24,38 @@ from torch import nn
 from .adapter import LLMAdapter
 from .config import DiTConfig
 from .layers import RMSNorm, apply_rope, attention, rope_tables, timestep_sinusoid
+
+
+CastBuffers = dict  # (body kind, parameter name, shape, dtype) -> a reused tensor
+
+
+@contextlib.contextmanager
+def cast_weights(module: nn.Module, dtype: torch.dtype, buffers: CastBuffers | None = None) -> Iterator[None]:
+    """Within the block, every parameter of `module` not in `dtype` is a `dtype` copy; the stored weights (maybe
+    a file's memory map) are put back on leaving. No-op when all are in `dtype` already.
+
+    With `buffers`, the copies go into tensors kept there for the next body of the same kind, since a fresh
+    64 MB allocation per weight per pass would be page-faulted and zeroed every time (one body runs at a time)."""
+    swapped = []
+    for path, owner in module.named_modules():
+        for name, weight in owner._parameters.items():
+            if weight is None or weight.dtype == dtype:
+                continue
+            if buffers is None:
+                copy = weight.to(dtype)
+            else:
+                key = (type(module).__name__, f"{path}.{name}", tuple(weight.shape), dtype)
+                copy = buffers.get(key)
+                if copy is None:
+                    copy = buffers[key] = torch.empty(weight.shape, dtype=dtype)
+                copy.copy_(weight)
+            swapped.append((owner, name, weight))
+            owner._parameters[name] = copy  # a plain tensor: nn.Module's setattr would refuse it
+    try:
+        yield
+    finally:
+        for owner, name, weight in swapped:
+            owner._parameters[name] = weight
 
 
 class SelfAttention(nn.Module):
@@ -106,6 +142,7 @@ class Block(nn.Module):
         self.adaln_modulation_self_attn = adaln_projection(d, config.adaln_lora, 3)
         self.adaln_modulation_cross_attn = adaln_projection(d, config.adaln_lora, 3)
         self.adaln_modulation_mlp = adaln_projection(d, config.adaln_lora, 3)
+        self.cast_buffers: CastBuffers = {}  # AnimaDiT gives all its blocks one
 
     def modulation(self, emb: torch.Tensor, adaln_lora: torch.Tensor) -> torch.Tensor:
         """[B, D] time embedding -> [3 parts, 3 (shift, scale, gate), B, 1, D] fp32; depends on sigma only."""
@@ -114,12 +151,13 @@ class Block(nn.Module):
 
     def body(self, part: int, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
              context_kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """The accelerator-side computation of one part, in the bodies' dtype."""
-        if part == 0:
-            return self.self_attn(x, *rope)
-        if part == 1:
-            return self.cross_attn.attend(x, *context_kv)
-        return self.mlp(x)
+        """The accelerator-side computation of one part, in the dtype of `x` (the bodies' dtype)."""
+        with cast_weights(getattr(self, self.PARTS[part]), x.dtype, self.cast_buffers):
+            if part == 0:
+                return self.self_attn(x, *rope)
+            if part == 1:
+                return self.cross_attn.attend(x, *context_kv)
+            return self.mlp(x)
 
 
 class FinalLayer(nn.Module):
@@ -191,6 +229,9 @@ class AnimaDiT(nn.Module):
         self.final_layer = FinalLayer(config)
         self.llm_adapter: LLMAdapter | None = LLMAdapter(config)  # None in a denoise-only load
         self.body_dtype = torch.float32
+        self.cast_buffers: CastBuffers = {}  # shared by the blocks, which run one after another
+        for block in self.blocks:
+            block.cast_buffers = self.cast_buffers
 
     def set_body_dtype(self, dtype: torch.dtype) -> AnimaDiT:
         """Cast only the accelerator bodies; AdaLN, norms and the residual stay fp32."""
@@ -238,7 +279,11 @@ class AnimaDiT(nn.Module):
 
     def context_key_values(self, context: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         context = context.to(self.body_dtype)
-        return [block.cross_attn.key_value(context) for block in self.blocks]
+        key_values = []
+        for block in self.blocks:
+            with cast_weights(block.cross_attn, self.body_dtype, self.cast_buffers):
+                key_values.append(block.cross_attn.key_value(context))
+        return key_values
 
     def epilogue(self, state: PassState) -> torch.Tensor:
         out = self.final_layer(state.tokens, state.emb, state.adaln_lora)

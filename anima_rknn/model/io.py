@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 
 import torch
 
@@ -13,6 +14,7 @@ from ..errors import AnimaError
 from .adapter import LLMAdapter
 from .config import CONTEXT_TOKENS, DiTConfig, infer_dit_config
 from .dit import AnimaDiT
+from .lora import Lora, merge_loras
 
 PREFIXES = ("model.diffusion_model.", "net.")
 ADAPTER_PREFIX = "llm_adapter."
@@ -75,7 +77,7 @@ def _mapped(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 def load_dit(path: str | os.PathLike, dtype: torch.dtype = torch.float32, *,
-             denoise_only: bool = False) -> AnimaDiT:
+             denoise_only: bool = False, loras: Sequence[Lora] = (), just_in_time: bool = False) -> AnimaDiT:
     """The DiT with sizes read from the file; attention/MLP bodies in `dtype`, everything else fp32.
 
     Tensors already stored in their target dtype are used in place from a memory map of the file; the others
@@ -83,6 +85,11 @@ def load_dit(path: str | os.PathLike, dtype: torch.dtype = torch.float32, *,
     `denoise_only` loads just what the denoising loop needs, in the least memory: no LLM adapter
     (`llm_adapter` is None), and the host weights (AdaLN, embedders, final layer) left in the file's dtype,
     used in place and upcast to fp32 at use.
+    `just_in_time` leaves body weights stored narrower than `dtype` (the file's bf16 for fp32 bodies) as they
+    are, used in place, and the bodies cast them one at a time as they run (model.dit.cast_weights): the
+    memory of the file's dtype at the speed of `dtype`.
+    `loras` (opened for this DiT) are merged in fp32; only the weights they touch are copied: bodies then take
+    `dtype`, host weights fp32.
     """
     config = read_dit_config(path)
     expected = expected_shapes(config)
@@ -90,28 +97,35 @@ def load_dit(path: str | os.PathLike, dtype: torch.dtype = torch.float32, *,
         expected = {k: v for k, v in expected.items() if not k.startswith(ADAPTER_PREFIX)}
 
     def target(name: str, stored: torch.dtype) -> torch.dtype:
-        return dtype if _BODY.match(name) else stored if denoise_only else torch.float32
+        if _BODY.match(name):
+            return stored if just_in_time and stored.itemsize < dtype.itemsize else dtype
+        return stored if denoise_only else torch.float32
 
     def usable_in_place(name: str, tensor: torch.Tensor) -> bool:
         return tensor.dtype == target(name, tensor.dtype) and not (denoise_only and _RELEASABLE.match(name))
 
-    in_place = {k: v for k, v in _mapped(path).items() if k in expected and usable_in_place(k, v)}
+    merged = {} if not loras else merge_loras({k: v for k, v in _mapped(path).items() if k in expected}, loras,
+                                              lambda name: dtype if _BODY.match(name) else torch.float32)
+    in_place = {k: v for k, v in _mapped(path).items()
+                if k in expected and k not in merged and usable_in_place(k, v)}
     converted = {k: v.to(target(k, v.dtype), copy=True) for k, v in _mapped(path).items()
-                 if k in expected and k not in in_place}
+                 if k in expected and k not in in_place and k not in merged}
     with torch.device("meta"):
         model = AnimaDiT(config)
     if denoise_only:
         model.llm_adapter = None
-    model.load_state_dict(in_place | converted, strict=True, assign=True)
+    model.load_state_dict(in_place | converted | merged, strict=True, assign=True)
     model.body_dtype = dtype
     return model.eval().requires_grad_(False)
 
 
-def load_llm_adapter(path: str | os.PathLike) -> LLMAdapter:
-    """The LLM adapter alone, in fp32, from its own memory map of the DiT file."""
+def load_llm_adapter(path: str | os.PathLike, loras: Sequence[Lora] = ()) -> LLMAdapter:
+    """The LLM adapter alone, in fp32, from its own memory map of the DiT file, with `loras` merged."""
     config = read_dit_config(path)
-    tensors = {k.removeprefix(ADAPTER_PREFIX): v.float() for k, v in _mapped(path).items()
-               if k.startswith(ADAPTER_PREFIX)}
+    mapped = {k: v for k, v in _mapped(path).items() if k.startswith(ADAPTER_PREFIX)}
+    if loras:
+        mapped |= merge_loras(mapped, loras, lambda name: torch.float32)
+    tensors = {k.removeprefix(ADAPTER_PREFIX): v.float() for k, v in mapped.items()}
     with torch.device("meta"):
         adapter = LLMAdapter(config)
     adapter.load_state_dict(tensors, strict=True, assign=True)

@@ -9,12 +9,13 @@ import numpy as np
 
 from ..errors import AnimaError
 from ..spectrum import Spectrum, SpectrumSchedule
+from .auto_cache import AUTO_OPTIONS, AutoCache
 
-CACHE_NAMES = ("none", "spectrum", "spectrum-plus", "reuse")
+CACHE_NAMES = ("none", "spectrum", "spectrum-plus", "reuse", "auto")
 
 SCHEDULE_OPTIONS = {"window": int, "flex": float, "warmup": int, "stop": float}
 FORECAST_OPTIONS = {"w": float, "m": int, "lam": float, "normalize": bool, "tau_axis": str, "taylor": str}
-OPTION_TYPES = {**FORECAST_OPTIONS, **SCHEDULE_OPTIONS}
+OPTION_TYPES = {**FORECAST_OPTIONS, **SCHEDULE_OPTIONS, **AUTO_OPTIONS}
 
 # Chosen on the Gaussian-mixture test bed (benchmarks/spectrum_testbed.py, grid over w, m, lam, taylor,
 # tau_axis): a mostly half-step Taylor forecast with a small share of a normalised quadratic fit on the
@@ -29,7 +30,8 @@ _TRUE_WORDS, _FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "of
 
 
 class CachePolicy(Protocol):
-    """Per step the sampler calls should_skip(), then forecast() or record(x0).
+    """Before the first step the sampler hands over the run's sigmas (set_sigmas); then per step it calls
+    should_skip(), then forecast() or record(x0).
 
     A forecast the sampler finds unusable is taken back with withdraw_forecast(); the sampler then
     record()s the model's x0 for that same step. state() / restore() carry a run across a stop and resume:
@@ -38,6 +40,8 @@ class CachePolicy(Protocol):
 
     name: str
     num_steps: int
+
+    def set_sigmas(self, sigmas: np.ndarray) -> None: ...
 
     def should_skip(self) -> bool: ...
 
@@ -57,6 +61,11 @@ class CachePolicy(Protocol):
     @property
     def skipped_steps(self) -> list[int]: ...
 
+    @property
+    def error_estimate(self) -> float | None:
+        """The run's own estimate of its final latent's relative distance from the uncached run's; None for a
+        policy that does not measure its forecasts."""
+
 
 class NoCache:
     """Runs the model on every step."""
@@ -66,6 +75,9 @@ class NoCache:
     def __init__(self, num_steps: int) -> None:
         self.num_steps = num_steps
         self._recorded = 0
+
+    def set_sigmas(self, sigmas: np.ndarray) -> None:
+        pass  # every step is computed, whatever the sigmas
 
     def should_skip(self) -> bool:
         return False
@@ -96,6 +108,8 @@ class NoCache:
     def skipped_steps(self) -> list[int]:
         return []
 
+    error_estimate = None
+
 
 class ReuseCache:
     """Skips on Spectrum's schedule but returns the last computed x0 unchanged: the baseline a
@@ -106,6 +120,9 @@ class ReuseCache:
     def __init__(self, schedule: SpectrumSchedule) -> None:
         self.schedule, self.num_steps = schedule, schedule.num_steps
         self._last_x0: np.ndarray | None = None
+
+    def set_sigmas(self, sigmas: np.ndarray) -> None:
+        pass  # a fixed schedule, blind to the sigmas
 
     def should_skip(self) -> bool:
         return self.schedule.should_skip()
@@ -140,6 +157,8 @@ class ReuseCache:
     def skipped_steps(self) -> list[int]:
         return self.schedule.skipped_steps
 
+    error_estimate = None
+
 
 def make_cache(name: str, num_steps: int,
                options: dict[str, float | str | bool] | None = None) -> CachePolicy:
@@ -147,7 +166,8 @@ def make_cache(name: str, num_steps: int,
     options = dict(options or {})
     if name not in CACHE_NAMES:
         raise AnimaError(f"unknown cache {name!r}; choose one of {', '.join(CACHE_NAMES)}")
-    allowed = {"none": {}, "reuse": SCHEDULE_OPTIONS}.get(name, OPTION_TYPES)
+    allowed = {"none": {}, "reuse": SCHEDULE_OPTIONS, "auto": AUTO_OPTIONS}.get(
+        name, {**FORECAST_OPTIONS, **SCHEDULE_OPTIONS})
     for key in options:
         if key not in allowed:
             raise AnimaError(f"cache option {key!r} does not apply to cache {name!r}")
@@ -155,6 +175,8 @@ def make_cache(name: str, num_steps: int,
         return NoCache(num_steps)
     if name == "reuse":
         return ReuseCache(SpectrumSchedule(num_steps, **options))
+    if name == "auto":
+        return AutoCache(num_steps, **options)
     if name == "spectrum-plus":
         options = {**SPECTRUM_PLUS_DEFAULTS, **options}
     return Spectrum(num_steps, name=name, **options)

@@ -49,6 +49,7 @@ class SampleResult:
     recomputed_steps: list[int]  # 1-based: forecast rejected as non-finite, model run instead
     model_calls: int  # in this call (a resumed run counts from where it resumed)
     finite: bool
+    error_estimate: float | None = None  # the cache's own estimate of its distance from the uncached run
 
 
 def _euler_step(x: np.ndarray, x0: np.ndarray, sigma: float, sigma_next: float) -> np.ndarray:
@@ -79,6 +80,7 @@ def sample_euler(denoise: Denoiser, x: np.ndarray, sigmas: np.ndarray, cache: Ca
     """
     sigmas = np.asarray(sigmas, dtype=np.float64)
     _check_inputs(sigmas, cache, start)
+    cache.set_sigmas(sigmas)
     x = np.asarray(x, dtype=np.float32)
     total = len(sigmas) - 1
     recomputed = list(recomputed or [])
@@ -111,4 +113,5 @@ def sample_euler(denoise: Denoiser, x: np.ndarray, sigmas: np.ndarray, cache: Ca
             callback(StepEvent(step, total, sigma, sigma_next, x, x0, not skipped, refused, now - started,
                                now - began, (now - began) / done * (total - step), cache.state()))
     return SampleResult(latent=x, computed_steps=cache.computed_steps, skipped_steps=cache.skipped_steps,
-                        recomputed_steps=recomputed, model_calls=model_calls, finite=bool(np.isfinite(x).all()))
+                        recomputed_steps=recomputed, model_calls=model_calls, finite=bool(np.isfinite(x).all()),
+                        error_estimate=cache.error_estimate)

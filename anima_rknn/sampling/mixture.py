@@ -88,15 +88,22 @@ def initial_noise(dim: int, seeds: Sequence[int]) -> np.ndarray:
 
 def relative_errors(cache_name: str, cond: GaussianMixture, uncond: GaussianMixture, cfg_scale: float,
                     steps: int, seeds: Sequence[int], options: dict[str, float | str | bool] | None = None,
-                    shift: float = 3.0) -> np.ndarray:
-    """Per seed ||x_cache - x_none|| / ||x_none|| of the final samples, both runs from the same noise.
+                    shift: float = 3.0, calls: list[int] | None = None) -> np.ndarray:
+    """Per seed ||x_cache - x_none|| / ||x_none|| of the final samples, both runs from the same noise;
+    `calls`, when given, receives each seed's number of computed steps.
 
-    All seeds run as one batch: a cache's schedule and forecast weights don't depend on the values,
-    so each row is what a run of that seed alone would give (up to rounding).
+    The fixed schedules run all seeds as one batch: their schedule and forecast weights don't depend on the
+    values, so each row is what a run of that seed alone would give (up to rounding). A cache that measures
+    its forecasts (error_estimate not None) decides from the values, so it runs one seed at a time.
     """
     denoise = cfg_denoiser(cond, uncond, cfg_scale)
     noise = initial_noise(uncond.dim, seeds)
     sigmas = flow_sigmas(steps, shift)
     reference = sample_euler(denoise, noise, sigmas, make_cache("none", steps)).latent
-    cached = sample_euler(denoise, noise, sigmas, make_cache(cache_name, steps, options)).latent
+    measures = make_cache(cache_name, steps, options).error_estimate is not None
+    runs = [sample_euler(denoise, rows, sigmas, make_cache(cache_name, steps, options))
+            for rows in (noise[:, None] if measures else [noise])]
+    if calls is not None:
+        calls.extend(len(r.computed_steps) for r in runs for _ in range(len(r.latent)))
+    cached = np.concatenate([r.latent for r in runs])
     return np.linalg.norm(cached - reference, axis=1) / np.linalg.norm(reference, axis=1)

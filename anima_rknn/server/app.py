@@ -13,6 +13,7 @@ import hmac
 import json
 import math
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
 from ..errors import AnimaError
+from ..model.lora import LoraRef, named_lora, prompt_loras
 from ..pipeline import GenerationParams, png_parameters
 from ..sampling.caches import CACHE_NAMES
 from .compare import NotReady, difference_png, measure, twin_of
@@ -71,7 +73,7 @@ class Server:
 
     def __init__(self, queue: JobQueue, *, default_cache: str = "none", max_side: int = 1024, max_steps: int = 150,
                  model_name: str = "anima", engine: dict[str, Any] | None = None, api_key: str | None = None,
-                 api_auth: str | None = None) -> None:
+                 api_auth: str | None = None, lora_dir: Path | None = None) -> None:
         self.queue, self.default_cache = queue, default_cache
         # What an Authorization header must be, exactly: a Bearer token (OpenAI clients) or HTTP basic (WebUI's).
         self.credentials = [f"Bearer {api_key}"] if api_key else []
@@ -79,6 +81,7 @@ class Server:
             self.credentials.append("Basic " + base64.b64encode(api_auth.encode()).decode())
         self.engine = dict(engine or {})  # backend, subgraphs, dtype, rknn: the server's, never a request's
         self.max_side, self.max_steps, self.model_name = max_side, max_steps, model_name
+        self.lora_dir = lora_dir  # requests pick LoRAs in it by name (<lora:NAME:SCALE> or "loras"), never by path
 
     # ---- requests -> params -------------------------------------------------------------------------------
 
@@ -90,12 +93,21 @@ class Server:
         if not 1 <= steps <= self.max_steps:
             raise BadRequest(f"steps must be from 1 to {self.max_steps}")
         cache, options = _cache(body, self.default_cache)
+        prompt, loras = prompt_loras(_text(body, prompt_key, ""), self.lora_dir)
         params = GenerationParams(
-            prompt=_text(body, prompt_key, ""), negative=_text(body, "negative_prompt", GenerationParams.negative),
+            prompt=prompt, negative=_text(body, "negative_prompt", GenerationParams.negative),
             width=width, height=height, steps=steps, cfg=float(_number(body, "cfg_scale", 4.0)),
-            seed=int(_number(body, "seed", -1)), cache=cache, cache_options=options, **self.engine)
+            seed=int(_number(body, "seed", -1)), cache=cache, cache_options=options,
+            loras=loras + self._named_loras(body.get("loras") or []), **self.engine)
         params.validate()
         return params
+
+    def _named_loras(self, value: Any) -> list[LoraRef]:
+        """The native API's "loras": [{"name": NAME, "scale": SCALE}, ...], names from the server's LoRA folder."""
+        if not isinstance(value, list) or not all(isinstance(item, dict) and set(item) <= {"name", "scale"}
+                                                  for item in value):
+            raise BadRequest('loras must be a list of {"name": NAME, "scale": SCALE} objects')
+        return [named_lora(item.get("name"), _number(item, "scale", 1.0), self.lora_dir) for item in value]
 
     def _submit_many(self, params: GenerationParams, count: int) -> list[Job]:
         """`count` jobs, consecutive seeds as WebUI does for a batch."""

@@ -21,8 +21,8 @@ from typing import Any
 
 from ..errors import AnimaError
 from ..files import output_folder, save_png
-from ..pipeline import AnimaPipeline, GenerationParams, GenerationResult, png_parameters
-from ..resume import SETTINGS, Checkpoints, Interrupted, read_state
+from ..pipeline import AnimaPipeline, GenerationParams, png_parameters
+from ..resume import Checkpoints, Interrupted, read_state, settings_of
 from ..sampling.euler import StepEvent
 from ..vae.preview import projection_for
 
@@ -51,15 +51,9 @@ class Job:
     def status(self, position: int | None) -> dict[str, Any]:
         return {"id": self.id, "state": self.state, "queue_position": position, "step": self.step,
                 "steps": self.params.steps, "eta_s": self.eta_s, "error": self.error, "created": self.created,
-                "seed": self.params.seed, "params": {name: getattr(self.params, name) for name in SETTINGS},
+                "seed": self.params.seed, "params": settings_of(self.params) | {"loras": [
+                    {"name": ref.name, "scale": ref.scale} for ref in self.params.loras]},  # not the server's paths
                 "result": self.summary}
-
-
-def summary_of(result: GenerationResult) -> dict[str, Any]:
-    sample = result.denoised.sample
-    return {"computed_steps": sample.computed_steps, "skipped_steps": sample.skipped_steps,
-            "recomputed_steps": sample.recomputed_steps, "transformer_passes": result.denoised.transformer_passes,
-            "subgraph_runs": result.denoised.subgraph_runs, "timings": result.timings()}
 
 
 class JobQueue:
@@ -87,7 +81,7 @@ class JobQueue:
     def _save(self, job: Job) -> None:
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?)", (
-                job.id, job.created, job.state, json.dumps({n: getattr(job.params, n) for n in SETTINGS}),
+                job.id, job.created, job.state, json.dumps(settings_of(job.params)),
                 json.dumps(job.summary), job.error))
             self._db.commit()
 
@@ -202,7 +196,7 @@ class JobQueue:
                 raise AnimaError("the final latent is not finite (NaN/Inf); no image was written")
             save_png(result.image, self.image_path(job), overwrite=True,
                      parameters=png_parameters(result.params, self.pipeline.files.dit.name, result))
-            job.summary = summary_of(result)
+            job.summary = result.summary(f"/api/jobs/{job.id}/image")
             checkpoints.remove()
             self._finish(job, "completed")
         except Interrupted:

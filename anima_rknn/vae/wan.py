@@ -128,8 +128,10 @@ class Resample(nn.Module):
     def __init__(self, dim: int, up: bool, temporal: bool) -> None:
         super().__init__()
         if up:
+            # "nearest" equals Wan's "nearest-exact" at scale 2 (both take pixel i // 2) and, unlike it, exports
+            # to ONNX (Resize) for the NPU.
             self.resample = nn.Sequential(
-                nn.Upsample(scale_factor=2.0, mode="nearest-exact"), nn.Conv2d(dim, dim // 2, 3, padding=1)
+                nn.Upsample(scale_factor=2.0, mode="nearest"), nn.Conv2d(dim, dim // 2, 3, padding=1)
             )
         else:
             # Pad right/bottom only, then stride 2: Wan's asymmetric downsampling.

@@ -115,3 +115,22 @@ def test_files_exist_and_parse(bench, report, tmp_path):
         with Image.open(tmp_path / name) as image:
             assert image.format == "PNG" and image.width > 300
     assert not list(tmp_path.glob("*.part"))
+
+
+def test_an_adaptive_cache_reports_its_estimate_and_the_spread_of_its_passes(tiny_set):
+    """auto's computed steps can differ per seed: the aggregate gives mean and max passes, every seed its error
+    estimate, and over the seeds how well the estimate ranks the true PSNR (Spearman, strict JSON)."""
+    params = GenerationParams(prompt="a red circle", width=32, height=32, steps=20, seed=9)
+    result = run_bench(AnimaPipeline(tiny_set, keep_dit=True), params, ["auto", "spectrum"], seeds=[1, 2, 3])
+    report = _strict_json(to_json(build_report(result, "tiny.safetensors")))
+    sides = [entry["cached"]["auto"] for entry in report["seeds"]]
+    passes = [side["transformer_passes"] for side in sides]
+    assert report["aggregate"]["auto"]["transformer_passes"] == {"mean": np.mean(passes), "max": max(passes)}
+    assert all(isinstance(side["error_estimate"], float) for side in sides)
+    assert [entry["cached"]["spectrum"]["error_estimate"] for entry in report["seeds"]] == [None] * 3
+    assert report["aggregate"]["spectrum"]["estimate_psnr_spearman"] is None
+    rho = report["aggregate"]["auto"]["estimate_psnr_spearman"]
+    assert rho is None or -1 <= rho <= 1  # None only if every seed gave the same PSNR or estimate
+    text = markdown(report)
+    assert "passes mean / max" in text and "error estimate vs PSNR (Spearman)" in text
+    assert "| cache error estimate |" in text

@@ -71,6 +71,9 @@ GENERATE_CASES = [
     (("--cache", "spectrum", "--cache-option", "flex=1e308"), 1, "flex must be in"),
     (("--cache", "spectrum", "--spectrum-w", "nan"), USAGE, "not a finite number"),
     (("--cache", "spectrum", "--cache-option", "m=3,m=4"), 1, "given twice"),
+    (("--cache", "auto", "--cache-option", "tol=-1"), 1, "tol must be a number >= 0"),
+    (("--cache", "auto", "--cache-option", "budget=1"), 1, "budget must be an integer of at least the warm-up's"),
+    (("--cache", "auto", "--cache-option", "w=0.4"), 1, "cache option 'w' does not apply to cache 'auto'"),
     (("--backend", "onnx"), 1, "the onnx backend needs an exported subgraph folder"),
     (("--backend", "onnx", "--subgraphs", "no-such-set"), 1, "no-such-set"),
     # prompts

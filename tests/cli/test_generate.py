@@ -47,6 +47,22 @@ def test_spectrum_runs_11_of_20_steps(run_cli, model_dir, tmp_path):
     assert "computed 11/20 steps" in result.err
 
 
+def test_auto_cache_reports_its_error_estimate(run_cli, model_dir, tmp_path):
+    """In the JSON, on the summary line and in the PNG's parameters: the run's own estimate of its distance from
+    the uncached image, made without rendering that image."""
+    result = run_cli("generate", "--model", model_dir, "-p", "cat", "-W", "64", "-H", "64", "--cache", "auto",
+                     "--cache-option", "budget=8", "-o", tmp_path / "a.png", "--json")
+    report = json.loads(result.out)
+    assert len(report["computed_steps"]) <= 8 and report["transformer_passes"] <= 16
+    estimate = report["cache_error_estimate"]
+    assert isinstance(estimate, float) and estimate >= 0
+    assert f"cache error estimate: {estimate:.4f}" in result.err
+    assert f"Cache error estimate: {estimate:.4g}" in Image.open(tmp_path / "a.png").text["parameters"]
+    none = json.loads(run_cli("generate", "--model", model_dir, "-p", "cat", "-W", "64", "-H", "64",
+                              "-o", tmp_path / "n.png", "--json").out)
+    assert none["cache_error_estimate"] is None
+
+
 def test_cache_options_string_and_flags(run_cli, model_dir, tmp_path):
     result = run_cli("generate", "--model", model_dir, "-p", "cat", "-W", "64", "-H", "64", "--cache", "spectrum",
                      "--cache-option", "warmup=6,w=0.5", "--spectrum-warmup", "5", "-o", tmp_path / "s.png", "--json")

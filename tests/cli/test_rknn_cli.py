@@ -131,6 +131,34 @@ def test_generate_on_the_simulator_computes_the_same_steps_as_torch(run_cli, mod
 
 
 @needs_toolkit
+def test_a_lora_baked_for_the_npu_runs_only_with_the_same_lora(run_cli, model_dir, tiny_set, tmp_path):
+    from lora_files import comfy, random_pairs, write_lora
+
+    from anima_rknn.model.io import read_dit_config
+
+    lora = write_lora(tmp_path / "style.safetensors",
+                      comfy(random_pairs(read_dit_config(tiny_set.dit), seed=1, strength=1.0)))
+    style = f"{lora}:0.8"
+    assert run_cli("export-onnx", "--model", model_dir, *SIZE, "--out", tmp_path / "onnx", "--lora", style).code == 0
+    assert run_cli("convert-rknn", "--subgraphs", tmp_path / "onnx", "--out", tmp_path / "rknn").code == 0
+    baked = read_manifest(tmp_path / "rknn")["loras"]
+    assert [(entry["file"], entry["scale"]) for entry in baked] == [("style.safetensors", 0.8)]
+    images = {}
+    for backend in ("torch", "rknn"):
+        out = tmp_path / f"{backend}.png"
+        result = run_cli("generate", "--model", model_dir, "-p", "a red circle", *SIZE, "--steps", "4",
+                         "--backend", backend, "--subgraphs", tmp_path / "rknn", "--rknn-runtime", "simulator",
+                         "--lora", style, "-o", out)
+        assert result.code == 0, result.err
+        images[backend] = np.asarray(Image.open(out), dtype=np.float64)
+    assert np.abs(images["rknn"] - images["torch"]).max() <= 8  # fp16 bodies, as without a LoRA
+    refused = run_cli("generate", "--model", model_dir, "-p", "a red circle", *SIZE, "--backend", "rknn",
+                      "--subgraphs", tmp_path / "rknn", "--rknn-runtime", "simulator", "-o", tmp_path / "no.png")
+    assert refused.code == 1 and "were baked with LoRAs style.safetensors:0.8, this run asks for none" in refused.err
+    assert not (tmp_path / "no.png").exists()
+
+
+@needs_toolkit
 def test_generate_refuses_a_set_for_another_resolution(run_cli, model_dir, tiny_rknn_set, tmp_path):
     result = run_cli("generate", "--model", model_dir, "-p", "cat", "--width", "128", "--height", "128",
                      "--steps", "2", "--backend", "rknn", "--subgraphs", tiny_rknn_set, "--rknn-runtime", "simulator",

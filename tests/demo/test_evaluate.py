@@ -34,17 +34,19 @@ def test_reader_is_right_on_true_pictures() -> None:
     for split, count in (("train", 300), ("held_out", 150)):
         images, specs = dataset.batch(11, 0, count, split)
         scores = adherence(judge(specs, images))
-        assert scores == {"background": 1.0, "colour": 1.0, "position": 1.0, "shape": 1.0, "all": 1.0}, split
+        assert scores == {"background": 1.0, "colour": 1.0, "position": 1.0, "shape": 1.0, "size": 1.0,
+                          "all": 1.0}, split
 
 
 def test_reader_notices_each_wrong_attribute() -> None:
     spec = ShapeSpec("triangle", "yellow", "purple", "bottom left", half_size=10.0)
     reading = read_image(dataset.render(spec))
     assert all(reading.matches(spec).values())
-    for field, other in (("background", "blue"), ("colour", "orange"), ("position", "center"), ("shape", "circle")):
+    for field, other in (("background", "blue"), ("colour", "orange"), ("position", "center"), ("shape", "circle"),
+                         ("large", True)):
         wrong = {**spec.__dict__, field: other}
         hits = reading.matches(ShapeSpec(**wrong))
-        assert [a for a, ok in hits.items() if not ok] == [field]
+        assert [a for a, ok in hits.items() if not ok] == [{"large": "size"}.get(field, field)]
 
 
 def test_reader_finds_no_shape_on_a_plain_picture() -> None:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 
 from anima_rknn.engine.memory_plan import (
+    HOST_RUNTIME_BYTES,
     NPU_DOMAIN_BYTES,
     loads_per_pass,
     parse_size,
     pinned_contexts,
     plan_memory,
+    plan_vae,
     predict_memory,
+    size,
 )
 from anima_rknn.errors import AnimaError
 
@@ -122,3 +125,29 @@ def test_manifest_without_conversion_matches_the_dimension_prediction():
     from_dims = predict_memory(128, 2, 64, 4 * 128)
     assert from_manifest.activation_source == "spec-scaled"
     assert from_manifest.contexts == from_dims.contexts and from_manifest.peak_bytes == from_dims.peak_bytes
+
+
+def vae_manifest(weights: int, internal: int) -> dict:
+    """A converted VAE set's manifest as far as the planner reads it."""
+    record = {"index": 0, "rknn_file": "vae_decoder.rknn", "rknn_bytes": weights + (8 << 20),
+              "weight_bytes": weights, "internal_bytes": internal}
+    return {"format": "anima-rknn-vae/1", "tile": 512, "rknn": {"subgraphs": [record]}}
+
+
+def test_the_vae_stage_takes_the_dits_place_and_the_run_peak_is_the_larger_stage():
+    # The compiler's figures for the full-size decoder's 512-px tile (README).
+    stage = plan_vae(vae_manifest(50_608_742, 486_539_264), 512, 512, parse_size("8GB"))
+    assert stage.activation_source == "compiler"
+    assert stage.peak_bytes == HOST_RUNTIME_BYTES + 32 * 512 * 512 + 50_608_742 + 486_539_264 + 50_608_742 + (8 << 20)
+    dit = predict_memory(2048, 28, 1024, 8192, parse_size("8GB"))
+    assert stage.peak_bytes < dit.peak_bytes
+    assert f"whole run (DiT contexts closed before the decode): peak {size(dit.peak_bytes)}" in stage.describe(dit)
+
+
+def test_a_vae_stage_that_cannot_fit_is_refused_in_one_line():
+    with pytest.raises(AnimaError, match="cannot hold the VAE decode stage"):
+        plan_vae(vae_manifest(50 << 20, 500 << 20), 512, 512, parse_size("1GB"))
+    with pytest.raises(AnimaError, match="more than the NPU's 4.00 GiB address space: export a smaller tile"):
+        plan_vae(vae_manifest(50 << 20, 5 << 30), 512, 512, None)
+    with pytest.raises(AnimaError, match="from its converted set"):
+        plan_vae({"format": "anima-rknn-vae/1", "tile": 512}, 512, 512, None)

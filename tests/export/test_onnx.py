@@ -57,7 +57,8 @@ def test_manifest_schema(exported):
     dit_path, set_dir = exported
     manifest = json.loads((set_dir / "manifest.json").read_text())
     assert set(manifest) == {"format", "model", "width", "height", "tokens", "context_tokens", "dtype", "opset",
-                             "subgraphs"}
+                             "subgraphs", "loras"}
+    assert manifest["loras"] == []  # none baked in
     assert manifest["format"] == "anima-rknn-subgraphs/1"
     assert manifest["model"] == {"file": dit_path.name, "sha256": sha256(dit_path), "blocks": 2, "hidden": 128,
                                  "heads": 2, "head_dim": 64, "context_dim": 64}

@@ -45,3 +45,24 @@ def test_adapter_only_load_matches_the_whole_dit_adapter(bf16_file):
     source, ids = torch.randn(1, 5, 64), torch.tensor([[3, 4, 1]])
     expected = load_dit(bf16_file).llm_adapter.condition(source, ids)
     assert torch.equal(load_llm_adapter(bf16_file).condition(source, ids), expected)
+
+
+def test_just_in_time_cast_keeps_bf16_weights_and_computes_exactly_fp32(bf16_file, tiny_set):
+    """fp32 bodies from a bf16 file: the weights stay the file's (in place), each body casts them as it runs,
+    and the velocity is bit-identical to fp32 copies made at load; the engine path gives the same."""
+    from anima_rknn.engine import make_engine
+
+    resident = load_dit(bf16_file, torch.float32, denoise_only=True)
+    lean = load_dit(bf16_file, torch.float32, denoise_only=True, just_in_time=True)
+    assert lean.blocks[0].mlp.layer1.weight.dtype == torch.bfloat16 and lean.body_dtype == torch.float32
+    assert resident.blocks[0].mlp.layer1.weight.dtype == torch.float32
+    g = torch.Generator().manual_seed(2)
+    x, context = torch.randn((1, 16, 8, 8), generator=g), torch.randn((1, 512, 64), generator=g)
+    sigma = torch.tensor([0.4])
+    assert torch.equal(lean(x, sigma, context), resident(x, sigma, context))
+    assert lean.blocks[0].mlp.layer1.weight.dtype == torch.bfloat16  # the cast copies were dropped
+    engines = [make_engine(model, "torch", width=64, height=64) for model in (lean, resident)]
+    velocities = [engine.velocity(x, 0.4, context) for engine in engines]
+    assert torch.equal(*velocities)
+    # Not for fp32 files or narrower bodies: those are converted at load as before.
+    assert load_dit(bf16_file, torch.float16, just_in_time=True).blocks[0].mlp.layer1.weight.dtype == torch.float16

@@ -4,10 +4,13 @@ import pytest
 from anima_rknn.errors import AnimaError
 from anima_rknn.sampling.caches import CACHE_NAMES, make_cache, parse_cache_options
 from anima_rknn.sampling.mixture import make_testbed, relative_errors
+from anima_rknn.sampling.schedule import flow_sigmas
 
 
 def run_schedule(cache, values):
-    """Drive a cache through len(values) steps; return the x0 it handed back on each skipped step."""
+    """Drive a cache through len(values) steps, as the sampler does; return the x0 it handed back on each skipped
+    step."""
+    cache.set_sigmas(flow_sigmas(len(values)))
     forecasts = {}
     for step, value in enumerate(values, start=1):
         if cache.should_skip():
@@ -18,7 +21,7 @@ def run_schedule(cache, values):
 
 
 def test_cache_names():
-    assert CACHE_NAMES == ("none", "spectrum", "spectrum-plus", "reuse")
+    assert CACHE_NAMES == ("none", "spectrum", "spectrum-plus", "reuse", "auto")
 
 
 def test_none_never_skips():

@@ -145,6 +145,7 @@ def test_resuming_after_any_step_is_bit_identical(denoise, name):
 def test_a_state_from_another_run_is_refused(name):
     cache = make_cache(name, 20)
     other = make_cache(name, 30)
+    other.set_sigmas(flow_sigmas(30))
     for _ in range(25):
         if other.should_skip():
             other.forecast()

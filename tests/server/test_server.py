@@ -166,7 +166,8 @@ def _serve(model_dir, data_dir, port, log):
     import sys
 
     return subprocess.Popen([sys.executable, "-m", "anima_rknn", "serve", "--model", str(model_dir), "--data-dir",
-                             str(data_dir), "--port", str(port), "--checkpoint-every", "5", "--max-steps", "1000"],
+                             str(data_dir), "--port", str(port), "--checkpoint-every", "5", "--max-steps", "1000",
+                             "--dtype", "fp32"],  # as the in-process reference server (auto may pick bf16)
                             stderr=log)
 
 

@@ -122,7 +122,7 @@ class RknnBackend:
         core_mask: str = "auto",
     ) -> None:
         self.subgraph_dir = Path(subgraph_dir)
-        manifest = read_manifest(self.subgraph_dir)
+        manifest = read_manifest(self.subgraph_dir, kind=None)  # DiT subgraphs or the VAE decoder
         if "rknn" not in manifest:
             raise AnimaError(f"{self.subgraph_dir} holds ONNX subgraphs, not .rknn ones: convert them with "
                              "`anima-rknn convert-rknn` first")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...model.dit import AnimaDiT
+from ...model.dit import AnimaDiT, cast_weights
 
 KeyValues = list[tuple[torch.Tensor, torch.Tensor]]  # per block (k, v)
 
@@ -51,14 +51,13 @@ class TorchBackend:
         block = self.dit.blocks[index // 3]
         x = torch.from_numpy(inputs["x"]).to(self.dtype)
         part = index % 3
-        if part == 0:
-            y = block.self_attn(x, torch.from_numpy(inputs["rope_cos"]), torch.from_numpy(inputs["rope_sin"]))
-        elif part == 1 and self.cache_context_kv:
-            y = block.cross_attn.attend(x, *self._context_key_values(inputs["context"])[index // 3])
-        elif part == 1:
-            y = block.cross_attn(x, torch.from_numpy(inputs["context"]).to(self.dtype))
+        if part == 1 and not self.cache_context_kv:
+            with cast_weights(block.cross_attn, self.dtype, block.cast_buffers):
+                y = block.cross_attn(x, torch.from_numpy(inputs["context"]).to(self.dtype))
         else:
-            y = block.mlp(x)
+            rope = (torch.from_numpy(inputs["rope_cos"]), torch.from_numpy(inputs["rope_sin"])) if part == 0 else None
+            key_values = self._context_key_values(inputs["context"])[index // 3] if part == 1 else None
+            y = block.body(part, x, rope, key_values)
         return y.float().numpy()  # NumPy has no bf16
 
     def close(self) -> None:
