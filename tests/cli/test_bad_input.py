@@ -236,8 +236,10 @@ def _wait_for_denoising(process: subprocess.Popen, log: Path, timeout: float = 1
 def _signalled_run(model_dir, out_dir, log, *signums) -> int:
     """A long generation into out_dir/x.png, sent `signums` once denoising runs; its exit code."""
     with open(log, "wb") as stderr:
-        process = subprocess.Popen(_command("generate", "--model", str(model_dir), "-p", "cat", "-W", "64", "-H", "64",
-                                            "--steps", "1000", "-o", str(out_dir / "x.png")), stderr=stderr)
+        # fp32 at 128x128: 1000 steps take a minute even where bf16 is fast, so the signal lands mid-run
+        process = subprocess.Popen(_command("generate", "--model", str(model_dir), "-p", "cat", "-W", "128", "-H",
+                                            "128", "--dtype", "fp32", "--steps", "1000", "-o", str(out_dir / "x.png")),
+                                   stderr=stderr)
         _wait_for_denoising(process, log)
         for signum in signums:
             process.send_signal(signum)
@@ -274,7 +276,8 @@ def test_model_file_truncated_while_mapped_is_one_line(tiny_set, out_dir, tmp_pa
         process = subprocess.Popen(_command(
             "generate", "--dit", str(dit), "--text-encoder", str(tiny_set.text_encoder), "--vae", str(tiny_set.vae),
             "--qwen-tokenizer", str(tiny_set.qwen_tokenizer), "--t5-tokenizer", str(tiny_set.t5_tokenizer),
-            "-p", "cat", "-W", "64", "-H", "64", "--steps", "1000", "-o", str(out_dir / "x.png")), stderr=stderr)
+            "-p", "cat", "-W", "128", "-H", "128", "--dtype", "fp32", "--steps", "1000", "-o", str(out_dir / "x.png")),
+            stderr=stderr)
         _wait_for_denoising(process, log)
         os.truncate(dit, 1000)
         code = process.wait(timeout=120)
