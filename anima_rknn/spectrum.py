@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import AnimaError
+from .errors import AnimaError, is_integer, require
 
 TAU_AXES = ("fixed50", "steps")
 TAYLOR_MODES = ("half", "fractional")
@@ -27,13 +27,6 @@ MAX_DEGREE = 8
 MAX_WINDOW = 1000
 
 
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise AnimaError(message)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def _in_range(value: object, low: float, high: float) -> bool:
@@ -48,12 +41,12 @@ class SpectrumSchedule:
 
     def __init__(self, num_steps: int, window: int = 2, flex: float = 0.5, warmup: int = 4,
                  stop: float = 0.9) -> None:
-        _check(_is_int(num_steps) and num_steps >= 1, f"number of steps must be a positive integer, got {num_steps!r}")
-        _check(_is_int(window) and 1 <= window <= MAX_WINDOW,
+        require(is_integer(num_steps) and num_steps >= 1, f"number of steps must be a positive integer, got {num_steps!r}")
+        require(is_integer(window) and 1 <= window <= MAX_WINDOW,
                f"cache option window must be an integer from 1 to {MAX_WINDOW}, got {window!r}")
-        _check(_in_range(flex, 0, MAX_WINDOW), f"cache option flex must be in [0, {MAX_WINDOW}], got {flex!r}")
-        _check(_is_int(warmup) and warmup >= 0, f"cache option warmup must be an integer >= 0, got {warmup!r}")
-        _check(_in_range(stop, 0.0, 1.0), f"cache option stop must be in [0, 1], got {stop!r}")
+        require(_in_range(flex, 0, MAX_WINDOW), f"cache option flex must be in [0, {MAX_WINDOW}], got {flex!r}")
+        require(is_integer(warmup) and warmup >= 0, f"cache option warmup must be an integer >= 0, got {warmup!r}")
+        require(_in_range(stop, 0.0, 1.0), f"cache option stop must be in [0, 1], got {stop!r}")
         self.num_steps = int(num_steps)
         self.window, self.flex, self.warmup, self.stop = int(window), float(flex), int(warmup), float(stop)
         # stable-diffusion.cpp multiplies in float32: 0.9f * 20 rounds to exactly 18.
@@ -117,9 +110,9 @@ class SpectrumSchedule:
             computed, skipped = list(state["computed"]), list(state["skipped"])
         except (KeyError, TypeError):
             raise AnimaError("the cache state is incomplete") from None
-        _check(_is_int(count) and 0 <= count <= self.num_steps and all(_is_int(s) for s in computed + skipped)
+        require(is_integer(count) and 0 <= count <= self.num_steps and all(is_integer(s) for s in computed + skipped)
                and sorted(computed + skipped) == list(range(1, count + 1))
-               and _is_int(num_cached) and 0 <= num_cached <= count
+               and is_integer(num_cached) and 0 <= num_cached <= count
                and _in_range(window_size, self.window, self.window + self.flex * self.num_steps),
                "the cache state does not fit this run's schedule")
         self.count, self._num_cached, self._window_size = int(count), int(num_cached), float(window_size)
@@ -136,12 +129,12 @@ class Spectrum:
     def __init__(self, num_steps: int, w: float = 0.40, m: int = 3, lam: float = 1.0, window: int = 2,
                  flex: float = 0.5, warmup: int = 4, stop: float = 0.9, *, normalize: bool = False,
                  tau_axis: str = "fixed50", taylor: str = "half", name: str = "spectrum") -> None:
-        _check(_in_range(w, 0.0, 1.0), f"cache option w must be in [0, 1], got {w!r}")
-        _check(_is_int(m) and 0 <= m <= MAX_DEGREE, f"cache option m must be an integer from 0 to {MAX_DEGREE}, got {m!r}")
-        _check(_in_range(lam, 0.0, 1e6), f"cache option lam must be in [0, 1e6], got {lam!r}")
-        _check(isinstance(normalize, bool), f"cache option normalize must be true or false, got {normalize!r}")
-        _check(tau_axis in TAU_AXES, f"cache option tau_axis must be one of {', '.join(TAU_AXES)}, got {tau_axis!r}")
-        _check(taylor in TAYLOR_MODES, f"cache option taylor must be one of {', '.join(TAYLOR_MODES)}, got {taylor!r}")
+        require(_in_range(w, 0.0, 1.0), f"cache option w must be in [0, 1], got {w!r}")
+        require(is_integer(m) and 0 <= m <= MAX_DEGREE, f"cache option m must be an integer from 0 to {MAX_DEGREE}, got {m!r}")
+        require(_in_range(lam, 0.0, 1e6), f"cache option lam must be in [0, 1e6], got {lam!r}")
+        require(isinstance(normalize, bool), f"cache option normalize must be true or false, got {normalize!r}")
+        require(tau_axis in TAU_AXES, f"cache option tau_axis must be one of {', '.join(TAU_AXES)}, got {tau_axis!r}")
+        require(taylor in TAYLOR_MODES, f"cache option taylor must be one of {', '.join(TAYLOR_MODES)}, got {taylor!r}")
         self.schedule = SpectrumSchedule(num_steps, window, flex, warmup, stop)
         self.name, self.num_steps = name, self.schedule.num_steps
         self.w, self.m, self.lam = float(w), int(m), float(lam)
@@ -202,10 +195,10 @@ class Spectrum:
             history, counts, shape = list(state["history"]), list(state["history_counts"]), tuple(state["shape"])
         except (KeyError, TypeError):
             raise AnimaError("the cache state is incomplete") from None
-        size = int(np.prod(shape)) if shape and all(_is_int(n) and n > 0 for n in shape) else -1
-        _check(len(history) == len(counts) <= self.history_len
+        size = int(np.prod(shape)) if shape and all(is_integer(n) and n > 0 for n in shape) else -1
+        require(len(history) == len(counts) <= self.history_len
                and all(isinstance(h, np.ndarray) and h.dtype == np.float32 and h.shape == (size,) for h in history)
-               and all(_is_int(c) for c in counts) and counts == sorted(set(counts))
+               and all(is_integer(c) for c in counts) and counts == sorted(set(counts))
                and all(c + 1 in self.schedule.computed_steps for c in counts),
                "the cache state's stored x0 do not fit this run")
         self._history.clear()

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AnimaError
+from ..errors import AnimaError, is_integer, require
 
 AUTO_OPTIONS = {"tol": float, "budget": int, "guard": float, "warmup": int}
 # Chosen on the demo model's tuning prompts and seeds (benchmarks/auto_cache.py --prompts 24 --prompt-seed 3
@@ -42,18 +42,11 @@ DAMPING = 0.5
 UNMEASURED_LEVEL = 1.0
 
 
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise AnimaError(message)
-
 
 def _number(value: object) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) \
         and bool(np.isfinite(value))
 
-
-def _count(value: object) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 class AutoCache:
@@ -69,14 +62,14 @@ class AutoCache:
 
     def __init__(self, num_steps: int, tol: float | None = None, budget: int | None = None,
                  guard: float = AUTO_DEFAULTS["guard"], warmup: int = AUTO_DEFAULTS["warmup"]) -> None:
-        _check(_count(num_steps) and num_steps >= 1, f"number of steps must be a positive integer, got {num_steps!r}")
+        require(is_integer(num_steps) and num_steps >= 1, f"number of steps must be a positive integer, got {num_steps!r}")
         if tol is None:
             tol = AUTO_DEFAULTS["tol"] if budget is None else 0.0
-        _check(_number(tol) and tol >= 0, f"cache option tol must be a number >= 0, got {tol!r}")
-        _check(_number(guard) and guard > 0, f"cache option guard must be a number > 0, got {guard!r}")
-        _check(_count(warmup) and warmup >= 2, f"cache option warmup must be an integer >= 2 for auto, got {warmup!r}")
+        require(_number(tol) and tol >= 0, f"cache option tol must be a number >= 0, got {tol!r}")
+        require(_number(guard) and guard > 0, f"cache option guard must be a number > 0, got {guard!r}")
+        require(is_integer(warmup) and warmup >= 2, f"cache option warmup must be an integer >= 2 for auto, got {warmup!r}")
         warm = min(warmup, num_steps)
-        _check(budget is None or (_count(budget) and budget >= warm),
+        require(budget is None or (is_integer(budget) and budget >= warm),
                f"cache option budget must be an integer of at least the warm-up's {warm} computed steps, "
                f"got {budget!r}")
         self.num_steps = int(num_steps)
@@ -188,9 +181,9 @@ class AutoCache:
             steps, x0s, epss = list(state["anchor_steps"]), list(state["anchor_x0"]), list(state["anchor_eps"])
         except (KeyError, TypeError):
             raise AnimaError("the cache state is incomplete") from None
-        size = int(np.prod(shape)) if shape and all(_count(n) and n > 0 for n in shape) else -1
+        size = int(np.prod(shape)) if shape and all(is_integer(n) and n > 0 for n in shape) else -1
         arrays = [*y, *x0s, *epss]
-        _check(all(_count(s) for s in computed + skipped)
+        require(all(is_integer(s) for s in computed + skipped)
                and sorted(computed + skipped) == list(range(1, len(computed) + len(skipped) + 1))
                and len(computed) + len(skipped) <= self.num_steps and computed == sorted(computed)
                and computed[:2] == [1, 2][:len(computed)]  # the first two steps always run the model
