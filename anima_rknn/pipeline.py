@@ -226,6 +226,7 @@ class AnimaPipeline:
         self._dit = None
         self._dit_key: tuple | None = None
         self._loras: tuple[tuple, list[Lora]] | None = None
+        self._conditioning: tuple[tuple, Conditioning] | None = None  # kept with the DiT: a seed sweep encodes once
 
     def open_loras(self, refs: list[LoraRef], ignore_unmatched: bool = False) -> list[Lora]:
         """The LoRA files checked against this DiT (headers, key names, shapes); the last set is kept, so its
@@ -276,6 +277,19 @@ class AnimaPipeline:
             raise AnimaError("the prompt conditioning is not finite (NaN/Inf): check the prompt weights and the "
                              "text encoder and DiT files; no image was written")
         return Conditioning(contexts[0], contexts[1], time.perf_counter() - start)
+
+    def _encode_once(self, params: GenerationParams) -> Conditioning:
+        """encode(), or with a kept DiT the last run's conditioning when its prompts, dtype and LoRA files are the
+        same (a batch's or a request's seeds of one prompt): the same tensors, reported with encode_s 0."""
+        key = (params.prompt, params.negative, params.dtype, tuple(params.loras), params.lora_ignore_unmatched,
+               tuple(ref.path.stat()[6:9] for ref in params.loras))
+        if self._conditioning is not None and self._conditioning[0] == key:
+            return dataclasses.replace(self._conditioning[1], encode_s=0.0)
+        conditioning = self.encode(params.prompt, params.negative, params.dtype, params.loras,
+                                   params.lora_ignore_unmatched)
+        if self.keep_dit:
+            self._conditioning = key, conditioning
+        return conditioning
 
     def denoise(self, conditioning: Conditioning, params: GenerationParams, *, on_step: StepCallback | None = None,
                 resume: ResumeState | None = None) -> Denoised:
@@ -385,8 +399,7 @@ class AnimaPipeline:
             resume.check_model(fingerprints, (1, self.dit_config.context_tokens, self.dit_config.context_dim))
             conditioning = resume.conditioning
         else:
-            conditioning = self.encode(params.prompt, params.negative, params.dtype, params.loras,
-                                       params.lora_ignore_unmatched)
+            conditioning = self._encode_once(params)
         if checkpoints is not None:
             checkpoints.stop_before_denoising(params.steps)
             on_step = checkpoints.listener(params, fingerprints, conditioning, on_step, resume)

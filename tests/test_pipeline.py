@@ -60,3 +60,17 @@ def test_cfg_one_skips_the_unconditional_pass(tiny_set, cfg, passes):
     pipeline = AnimaPipeline(tiny_set)
     result = pipeline.generate(GenerationParams(prompt="cat", width=64, height=64, steps=4, cfg=cfg))
     assert result.denoised.transformer_passes == passes and result.finite
+
+
+def test_a_kept_pipeline_encodes_a_prompt_once_for_its_seeds(tiny_set, one_thread):
+    """Seeds of one prompt on a kept pipeline (batch, serve) reuse the conditioning: same images, no second
+    encode; another prompt is encoded again."""
+    kept, fresh = AnimaPipeline(tiny_set, keep_dit=True), AnimaPipeline(tiny_set)
+    params = GenerationParams(prompt="a red circle", width=32, height=32, steps=2, seed=1)
+    first = kept.generate(params)
+    second = kept.generate(dataclasses.replace(params, seed=2))
+    assert first.conditioning.encode_s > 0 and second.conditioning.encode_s == 0.0
+    assert second.image.tobytes() == fresh.generate(dataclasses.replace(params, seed=2)).image.tobytes()
+    other = kept.generate(dataclasses.replace(params, prompt="a blue square"))
+    assert other.conditioning.encode_s > 0
+    assert not torch.equal(other.conditioning.positive, first.conditioning.positive)
