@@ -233,13 +233,19 @@ def _wait_for_denoising(process: subprocess.Popen, log: Path, timeout: float = 1
     time.sleep(1.0)  # into the loop
 
 
+def _default_hangup() -> None:
+    """A run started under nohup inherits an ignored SIGHUP and rightly keeps ignoring it; these tests are about
+    a terminal that closes, so the child gets the default disposition whatever the test runner was started with."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _signalled_run(model_dir, out_dir, log, *signums) -> int:
     """A long generation into out_dir/x.png, sent `signums` once denoising runs; its exit code."""
     with open(log, "wb") as stderr:
         # fp32 at 128x128: 1000 steps take a minute even where bf16 is fast, so the signal lands mid-run
         process = subprocess.Popen(_command("generate", "--model", str(model_dir), "-p", "cat", "-W", "128", "-H",
                                             "128", "--dtype", "fp32", "--steps", "1000", "-o", str(out_dir / "x.png")),
-                                   stderr=stderr)
+                                   stderr=stderr, preexec_fn=_default_hangup)
         _wait_for_denoising(process, log)
         for signum in signums:
             process.send_signal(signum)
