@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import math
@@ -220,8 +221,7 @@ def json_text(value: Any, indent: int | None = None) -> str:
 
 
 def write_json(path: str | os.PathLike, value: Any, *, overwrite: bool) -> None:
-    with atomic_path(path, overwrite=overwrite) as tmp:
-        tmp.write_text(json_text(value, indent=1) + "\n", encoding="utf-8")
+    write_text(path, json_text(value, indent=1) + "\n", overwrite=overwrite)
 
 
 def _png_info(parameters: str | None) -> Any:
@@ -307,3 +307,15 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=256)
+def _sha256_of_version(path: Path, size: int, mtime_ns: int) -> str:
+    return sha256_file(path)
+
+
+def cached_sha256(path: str | os.PathLike) -> str:
+    """sha256, hashed once per file version per process (a 4 GB DiT takes seconds; the bench loads sets often)."""
+    path = Path(path)
+    info = path.stat()
+    return _sha256_of_version(path.resolve(), info.st_size, info.st_mtime_ns)

@@ -22,7 +22,8 @@ from .cpu_speed import resolve_dtype
 from .engine import BACKENDS, RknnOptions, make_engine, subgraph_manifest
 from .engine.vae_tiles import VAE_BACKENDS, open_tile_decoder, vae_set_manifest
 from .errors import AnimaError
-from .export.manifest import MANIFEST, cached_sha256
+from .export.manifest import MANIFEST
+from .files import cached_sha256
 from .memory import available_bytes, return_freed_memory
 from .model.io import load_dit, load_llm_adapter, read_dit_config
 from .model.lora import MAX_LORAS, Lora, LoraRef, lora_fingerprints, lora_refs, lora_tag, open_loras
@@ -229,8 +230,8 @@ class AnimaPipeline:
         self._conditioning: tuple[tuple, Conditioning] | None = None  # kept with the DiT: a seed sweep encodes once
 
     def open_loras(self, refs: list[LoraRef], ignore_unmatched: bool = False) -> list[Lora]:
-        """The LoRA files checked against this DiT (headers, key names, shapes); the last set is kept, so its
-        sha256 is taken once."""
+        """The LoRA files checked against this DiT (headers, key names, shapes); the last set is kept, so a run's
+        stages read the headers once."""
         key = (tuple(refs), ignore_unmatched, tuple(ref.path.stat()[6:9] for ref in refs))  # a replaced file is new
         if self._loras is None or self._loras[0] != key:
             self._loras = key, open_loras(refs, self.dit_config, ignore_unmatched=ignore_unmatched)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..files import atomic_path, json_text
+from ..files import json_text, write_text
 from . import DEFAULT_MIN_PSNR, metrics
 from .run import BASELINE, BenchResult, PolicyRuns, SeedResult
 
@@ -291,5 +291,4 @@ def markdown(report: dict[str, Any]) -> str:
 
 def write_report(report: dict[str, Any], out_dir: Path) -> None:
     for name, text in (("report.json", to_json(report) + "\n"), ("report.md", markdown(report))):
-        with atomic_path(out_dir / name, overwrite=True) as tmp:
-            tmp.write_text(text, encoding="utf-8")
+        write_text(out_dir / name, text, overwrite=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..cpu_speed import resolve_dtype
 from ..errors import AnimaError
 from ..model_set import resolve
 from ..pipeline import MAX_SIDE, MAX_STEPS, AnimaPipeline
@@ -60,7 +61,7 @@ def serve(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host, por
     files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
                     t5_tokenizer=t5_tokenizer)
     keep = backend != "rknn" if keep_models is None else keep_models
-    engine = {"dtype": dtype, "backend": backend, "subgraphs": Path(subgraphs) if subgraphs else None,
+    engine = {"dtype": resolve_dtype(dtype), "backend": backend,  # probed once here, not per request "subgraphs": Path(subgraphs) if subgraphs else None,
               "rknn": rknn_settings(rknn_runtime, rknn_budget, rknn_core_mask)}
     queue = JobQueue(AnimaPipeline(files, keep_dit=keep), Path(data_dir), max_queue=max_queue,
                      checkpoint_every=checkpoint_every, engine=engine)

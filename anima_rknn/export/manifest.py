@@ -9,7 +9,6 @@ no links leading out), so a crafted set can neither make the program read elsewh
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import AnimaError
-from ..files import Unreadable, is_temporary, output_folder, read_small_json, sha256_file
+from ..files import Unreadable, cached_sha256, is_temporary, output_folder, read_small_json
 from ..model.lora import MAX_LORAS
 from ..model.lora import MAX_SCALE as MAX_LORA_SCALE
 
@@ -425,18 +424,6 @@ def clear_set_folder(folder: Path, keep: Iterable[str]) -> None:
         temporary = is_temporary(path) and any(path.name.startswith(f".{name}.") for name in ours)
         if (stale or temporary) and not path.is_dir():
             path.unlink()
-
-
-@functools.lru_cache(maxsize=256)
-def _sha256_of_version(path: Path, size: int, mtime_ns: int) -> str:
-    return sha256_file(path)
-
-
-def cached_sha256(path: str | os.PathLike) -> str:
-    """sha256, hashed once per file version per process (a 4 GB DiT takes seconds; the bench loads sets often)."""
-    path = Path(path)
-    stat = path.stat()
-    return _sha256_of_version(path.resolve(), stat.st_size, stat.st_mtime_ns)
 
 
 def check_set(manifest: dict[str, Any], subgraph_dir: str | os.PathLike, *, dit_path: str | os.PathLike | None,

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from ..engine.backends.base import SUBGRAPH_KINDS, subgraph_name
 from ..errors import AnimaError
-from ..files import atomic_path, sha256_file, write_json
+from ..files import atomic_path, cached_sha256, sha256_file, write_json
 from ..model.config import DiTConfig
 from ..model.io import load_dit, read_dit_config
 from ..model.lora import LoraRef, open_loras
@@ -28,7 +28,6 @@ from .manifest import (
     MANIFEST,
     MAX_SIDE,
     SUBGRAPHS_FORMAT,
-    cached_sha256,
     check_file,
     check_set,
     clear_set_folder,
@@ -80,6 +79,13 @@ def export_graph(module: torch.nn.Module, shapes: dict[str, list[int]], dtype: t
     return graph
 
 
+def write_graph(graph: onnx.ModelProto, path: Path) -> str:
+    """The graph published whole at `path` (replacing an older one); its sha256, for the manifest."""
+    with atomic_path(path, overwrite=True) as tmp:
+        tmp.write_bytes(graph.SerializeToString())
+        return sha256_file(tmp)
+
+
 def export_subgraphs(dit_path: Path, width: int, height: int, out_dir: Path, dtype: str = "float32",
                      progress: bool = True, overwrite: bool = False, loras: Sequence[LoraRef] = (),
                      lora_ignore_unmatched: bool = False) -> Path:
@@ -106,9 +112,7 @@ def export_subgraphs(dit_path: Path, width: int, height: int, out_dir: Path, dty
         shapes = config_shapes(kind, config, tokens)
         graph = export_graph(getattr(dit.blocks[index // 3], kind), shapes, DTYPES[dtype])
         path = out_dir / names[index]
-        with atomic_path(path, overwrite=True) as tmp:
-            tmp.write_bytes(graph.SerializeToString())
-            digest = sha256_file(tmp)
+        digest = write_graph(graph, path)
         entries.append({
             "index": index, "block": index // 3, "kind": kind, "file": path.name, "sha256": digest,
             "inputs": [{"name": name, "shape": shape, "dtype": dtype} for name, shape in shapes.items()],

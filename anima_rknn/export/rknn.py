@@ -24,10 +24,9 @@ from typing import Any, BinaryIO
 from tqdm import tqdm
 
 from ..errors import AnimaError
-from ..files import atomic_path, link_or_copy, sha256_file, write_json
+from ..files import atomic_path, cached_sha256, link_or_copy, sha256_file, write_json
 from .manifest import (
     MANIFEST,
-    cached_sha256,
     check_file,
     check_set,
     clear_set_folder,

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..errors import AnimaError
-from ..files import atomic_path, sha256_file, write_json
+from ..files import cached_sha256, write_json
 from ..vae import read_vae_config
 from ..vae.rescale import picture_latents, rescale_stream, stream_peak, stream_scale
 from ..vae.wan import WanVAEConfig
@@ -26,7 +26,6 @@ from .manifest import (
     MAX_SIDE,
     VAE_DECODER_KIND,
     VAE_FORMAT,
-    cached_sha256,
     check_file,
     check_source,
     clear_set_folder,
@@ -34,7 +33,7 @@ from .manifest import (
     read_manifest,
     vae_tile_shapes,
 )
-from .onnx import OPSET, export_graph
+from .onnx import OPSET, export_graph, write_graph
 
 DECODER_FILE = "vae_decoder.onnx"
 DEFAULT_TILE, DEFAULT_OVERLAP = 512, 64  # the defaults of --vae-tile-size / --vae-tile-overlap
@@ -87,9 +86,7 @@ def export_vae_decoder(vae_path: Path, out_dir: Path, tile: int = DEFAULT_TILE, 
         warnings.filterwarnings("ignore", message="torch.tensor results are registered as constants")
         graph = export_graph(vae, {"z": z_shape}, torch.float32)
     path = out_dir / DECODER_FILE
-    with atomic_path(path, overwrite=True) as tmp:
-        tmp.write_bytes(graph.SerializeToString())
-        digest = sha256_file(tmp)
+    digest = write_graph(graph, path)
     manifest = {
         "format": VAE_FORMAT,
         "model": {"file": vae_path.name, "sha256": cached_sha256(vae_path), "z_dim": config.z_dim,

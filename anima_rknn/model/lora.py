@@ -20,7 +20,7 @@ from torch import nn
 
 from ..checkpoint import fingerprint, load_tensors, read_header
 from ..errors import AnimaError
-from ..files import sha256_file
+from ..files import cached_sha256
 from .config import DiTConfig
 from .dit import AnimaDiT
 
@@ -166,13 +166,11 @@ class Lora:
     ref: LoraRef
     layout: str
     layers: dict[str, LoraLayer]  # by checkpoint weight name, e.g. blocks.0.self_attn.q_proj.weight
-    _sha256: str | None = None
 
     @property
     def sha256(self) -> str:
-        if self._sha256 is None:
-            self._sha256 = sha256_file(self.ref.path)
-        return self._sha256
+        """Hashed once per file version (the PNG's Lora hashes and a baked set's check share it)."""
+        return cached_sha256(self.ref.path)
 
     def identity(self) -> dict[str, object]:
         """What a baked subgraph set records of it (and checks again): file name, sha256 and scale."""
