@@ -213,3 +213,15 @@ def test_pickles_and_truncated_files_are_refused_unread(tmp_path):
     path.write_bytes(path.read_bytes()[:-100])
     with pytest.raises(AnimaError, match="cut.safetensors is truncated"):
         open_lora(LoraRef(path), CONFIG)
+
+
+def test_huge_values_and_scales_are_refused_not_merged_into_inf(tmp_path, dit_file):
+    from anima_rknn.model.lora import open_loras
+
+    module = "blocks.0.mlp.layer1"
+    (down, up), = random_pairs(seed=10, modules=[module]).values()
+    path = write(tmp_path, "huge.safetensors", comfy({module: (down * 1e30, up * 1e30)}))  # finite, product is not
+    with pytest.raises(AnimaError, match=r"merging the LoRAs into blocks.0.mlp.layer1.weight gives NaN or Inf"):
+        load_dit(dit_file, torch.float32, loras=open_loras([LoraRef(path)], CONFIG))
+    with pytest.raises(AnimaError, match=r"scale for huge.safetensors must be a finite number from -100 to 100"):
+        open_lora(LoraRef(path, 101.0), CONFIG)
