@@ -34,6 +34,12 @@ _TEMP_EXTRA = len(_TEMP_PREFIX) + 1 + 8 + len(_TEMP_SUFFIX)
 _NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
 
 
+def cache_dir() -> Path:
+    """This machine's anima-rknn cache ($XDG_CACHE_HOME or ~/.cache): measured probes, states of batch jobs run
+    here, anything that is kept to save work and may be deleted at any time."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "anima-rknn"
+
+
 def _folder_of(path: Path) -> Path:
     return path.parent if str(path.parent) else Path(".")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from ..bench.run import RunCallback, Sweep
 from ..errors import AnimaError
 from ..resume import Checkpoints, default_state_path
 from ..sampling.euler import StepCallback
@@ -31,3 +32,8 @@ class LocalRunner:
             checkpoints.stop_before_denoising(job.params.steps)  # a stop asked for between jobs ends here
             publish(job, self.worker.run(job, checkpoints, self.on_step))
             checkpoints.remove()  # published (or failed, to be run afresh): nothing left to resume
+
+    def bench(self, jobs: list[BatchJob], sweep: Sweep, publish: Publish, on_run: RunCallback | None = None) -> None:
+        """Each job as one seed of a bench sweep (Worker.bench); nothing to resume: a report is made whole."""
+        for job in jobs:
+            publish(job, self.worker.bench(job, sweep, on_run, self.on_step))

@@ -18,8 +18,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ..bench.run import Sweep
 from ..errors import AnimaError
+from ..files import cache_dir
 from ..model_set import ModelFiles
+from ..resume import Checkpoints
+from ..sampling.euler import StepCallback
 from .jobs import BatchJob
 from .local import Publish
 from .results import Outcome
@@ -29,6 +33,7 @@ LOCAL = "local"  # --ray local: a private one-machine cluster, started and stopp
 ACTOR_RESTARTS = 3  # a worker that keeps dying is given up after this many restarts
 JOB_ATTEMPTS = 3  # a job that kills its worker this many times is recorded as failed, not tried forever
 DEFAULT_RESOURCES = {"CPU": 1.0}
+STATES = "batch-states"  # in a worker node's cache folder: the resume states of the jobs running there
 
 
 def import_ray() -> Any:
@@ -85,10 +90,14 @@ def _actor_options(resources: dict[str, float]) -> dict[str, Any]:
 
 class RemoteWorker(Worker):
     """A Worker as a Ray actor: a start that fails (a model file missing on its node) is reported by check() in
-    one line, instead of as a dead actor with a traceback."""
+    one line, instead of as a dead actor with a traceback. A job checkpoints into its node's cache folder (the
+    output folder is the driver's alone), so a job stopped with the batch continues there when the batch is run
+    again and the job lands on the same node; elsewhere it starts over."""
 
-    def __init__(self, files: ModelFiles, keep_models: bool, threads: int | None) -> None:
+    def __init__(self, files: ModelFiles, keep_models: bool, threads: int | None,
+                 checkpoint_every: int | None = None) -> None:
         self.failed: str | None = None
+        self.checkpoint_every = checkpoint_every
         try:
             super().__init__(files, keep_models, threads)
         except AnimaError as e:
@@ -98,19 +107,33 @@ class RemoteWorker(Worker):
     def check(self, expected: Expected, driver_version: str) -> tuple[str, str | None]:
         return (self.name, self.failed) if self.failed else super().check(expected, driver_version)
 
+    def run(self, job: BatchJob, checkpoints: Checkpoints | None = None,
+            on_step: StepCallback | None = None) -> Outcome:
+        folder = cache_dir() / STATES
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return super().run(job)  # a node that cannot keep states only loses the resume
+        # A state that cannot be written costs the resume, not the job.
+        checkpoints = Checkpoints(folder / f"{job.id}.state", self.checkpoint_every, warn=lambda e: None)
+        outcome = super().run(job, checkpoints, on_step)
+        checkpoints.remove()
+        return outcome
+
 
 class RayRunner:
     """`address`: "auto" (the running cluster), a cluster address, or "local". Use as a context manager."""
 
     def __init__(self, address: str, files: ModelFiles, expected: Expected, *, keep_models: bool,
                  resources: dict[str, float] | None = None, max_workers: int | None = None,
-                 local_cpus: int | None = None,
+                 local_cpus: int | None = None, checkpoint_every: int | None = None,
                  on_dispatch: Callable[[BatchJob, str], None] | None = None,
                  warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> None:
         self.ray = import_ray()
         self.address, self.files, self.expected, self.keep_models = address, files, expected, keep_models
         self.resources = resources or dict(DEFAULT_RESOURCES)
         self.max_workers, self.local_cpus, self.on_dispatch, self.warn = max_workers, local_cpus, on_dispatch, warn
+        self.checkpoint_every = checkpoint_every
 
     def __enter__(self) -> RayRunner:
         """Connects and counts the worker slots, so that a cluster that cannot run the batch is refused before
@@ -138,9 +161,11 @@ class RayRunner:
         # As many threads as the CPUs reserved, or the node's every core when the slot is a custom resource (a board).
         threads = int(self.resources["CPU"]) if self.resources.get("CPU", 0) >= 1 else 0
         actor = self.ray.remote(**_actor_options(self.resources))(RemoteWorker)
-        return [actor.remote(self.files, self.keep_models, threads) for _ in range(self.count)]
+        return [actor.remote(self.files, self.keep_models, threads, self.checkpoint_every) for _ in range(self.count)]
 
-    def run(self, jobs: list[BatchJob], publish: Publish) -> None:
+    def run(self, jobs: list[BatchJob], publish: Publish, sweep: Sweep | None = None) -> None:
+        """Every job, published as it comes back; with `sweep`, each job is one seed of that bench sweep
+        (Worker.bench) instead of one image."""
         if not jobs:
             return
         ray = self.ray
@@ -158,7 +183,7 @@ class RayRunner:
         while pending or running:
             while idle and pending:
                 actor, job = idle.pop(), pending.popleft()
-                running[actor.run.remote(job)] = (actor, job)
+                running[actor.run.remote(job) if sweep is None else actor.bench.remote(job, sweep)] = (actor, job)
                 if self.on_dispatch is not None:
                     self.on_dispatch(job, names.get(actor, "?"))
             if not running and not checking:

@@ -10,11 +10,14 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import AnimaError
 from ..files import Unreadable, json_text, output_folder, read_small_file, sha256_file, write_bytes, write_text
 from .jobs import MAX_JOBS, BatchJob
+
+if TYPE_CHECKING:
+    from ..bench.run import BenchResult
 
 RESULTS = "results.jsonl"
 MAX_RESULTS_BYTES = MAX_JOBS * (16 << 10)  # records are about 1 KiB; long prompts make them longer
@@ -30,6 +33,7 @@ class Outcome:
     png: bytes | None = None
     summary: dict[str, Any] | None = None  # GenerationResult.summary
     error: str | None = None
+    bench: BenchResult | None = None  # a bench job's (Worker.bench): one seed's runs
 
 
 def _same(a: Any, b: Any) -> bool:

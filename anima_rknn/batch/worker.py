@@ -10,6 +10,7 @@ import time
 
 import torch
 
+from ..bench.run import RunCallback, SeedBench, Sweep
 from ..errors import AnimaError
 from ..files import png_bytes
 from ..model_set import ModelFiles
@@ -43,6 +44,7 @@ class Worker:
             torch.set_num_threads(threads or os.cpu_count() or 1)
         self.pipeline = AnimaPipeline(files.check(), keep_dit=keep_models)
         self.name = worker_name()
+        self.seed_bench: SeedBench | None = None
 
     def check(self, expected: Expected, driver_version: str) -> tuple[str, str | None]:
         """(this worker's name, None) when it would make the driver's images: the same package version, and
@@ -79,3 +81,17 @@ class Worker:
             return Outcome(job.id, self.name, time.perf_counter() - start, error=str(e))
         png = png_bytes(result.image, png_parameters(job.params, self.pipeline.files.dit.name, result))
         return Outcome(job.id, self.name, time.perf_counter() - start, png=png, summary=result.summary(job.image))
+
+    def bench(self, job: BatchJob, sweep: Sweep, on_run: RunCallback | None = None,
+              on_step: StepCallback | None = None) -> Outcome:
+        """One seed of a bench sweep: the baseline and each cached policy at the job's seed, timed on this worker.
+        The prompt is encoded and torch warmed up once for all the seeds of one setting this worker gets."""
+        start = time.perf_counter()
+        try:
+            if self.seed_bench is None or not self.seed_bench.takes(job.params, sweep):
+                self.seed_bench = SeedBench(self.pipeline, job.params, sweep)
+            result = self.seed_bench.run(job.params.seed, on_run, on_step)
+        except AnimaError as e:
+            return Outcome(job.id, self.name, time.perf_counter() - start, error=str(e))
+        result.seeds[0].worker = self.name
+        return Outcome(job.id, self.name, time.perf_counter() - start, bench=result)

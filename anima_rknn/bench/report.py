@@ -114,7 +114,8 @@ def _seed_entry(seed_result: SeedResult, thresholds: Thresholds) -> dict[str, An
         side["failures"] = _failures(base, side, side["vs_baseline"], thresholds)
         cached[name] = side
     seed = seed_result.seed
-    return {"seed": seed, "baseline": base, "cached": cached, "steps_plot": steps_plot_file(seed),
+    return {"seed": seed, "worker": seed_result.worker, "baseline": base, "cached": cached,
+            "steps_plot": steps_plot_file(seed),
             "comparisons": {name: comparison_file(name, seed)
                             for name, side in cached.items() if side["vs_baseline"]["psnr_db"] is not None}}
 
@@ -282,7 +283,8 @@ def markdown(report: dict[str, Any]) -> str:
                 "speedups: median/median (min/min)."),
              ]
     for entry in report["seeds"]:
-        lines += ["", f"## Seed {entry['seed']}", ""] + _seed_table(entry, s["steps"], repeats)
+        made_by = f" (worker {entry['worker']})" if entry["worker"] else ""
+        lines += ["", f"## Seed {entry['seed']}{made_by}", ""] + _seed_table(entry, s["steps"], repeats)
     if len(report["seeds"]) > 1:
         lines += ["", "## All seeds (speedups: median over seeds)", ""] + _aggregate_table(report["aggregate"])
     lines += ["", f"**Verdict: {report['verdict']['line']}**", ""]

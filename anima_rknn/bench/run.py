@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from PIL import Image
@@ -57,6 +57,7 @@ class SeedResult:
     seed: int
     baseline: PolicyRuns
     cached: dict[str, PolicyRuns]  # by cache name, in the order asked for
+    worker: str | None = None  # host:pid of the batch worker that ran this seed; None: this process
 
 
 @dataclass
@@ -127,36 +128,70 @@ def _run(pipeline: AnimaPipeline, conditioning: Conditioning, params: Generation
     return Run(denoised, image, decode_s, peak.bytes, [e.seconds for e in events], [e.x0.copy() for e in events])
 
 
+@dataclass(frozen=True)
+class Sweep:
+    """What bench runs at each seed: the baseline (cache none) and each cached policy, `repeats` times each."""
+
+    caches: tuple[str, ...]
+    cache_options: dict[str, float | str | bool] = field(default_factory=dict)
+    repeats: int = 1
+
+
+class SeedBench:
+    """One pipeline benching one setting seed by seed: checked, encoded and warmed up once, at the start.
+
+    The unit of work the batch runners hand a worker (batch.worker.Worker.bench), locally or over Ray: each seed's
+    baseline and cached runs are made by one worker, one after another, so their timings compare. Build the
+    pipeline with keep_dit=True so the DiT is loaded once for all runs."""
+
+    def __init__(self, pipeline: AnimaPipeline, params: GenerationParams, sweep: Sweep) -> None:
+        if sweep.repeats < 1:
+            raise AnimaError(f"--repeat must be at least 1, got {sweep.repeats}")
+        self.pipeline, self.sweep = pipeline, sweep
+        self.baseline = dataclasses.replace(params, cache="none", cache_options={})
+        self.cached = policy_params(params, sweep.caches, sweep.cache_options)
+        self.tile = pipeline.prepare(params)
+        with peak_rss() as encode_peak:
+            self.conditioning = pipeline.encode(params.prompt, params.negative, params.dtype, params.loras,
+                                                params.lora_ignore_unmatched)
+        self.encode_peak_rss_bytes = encode_peak.bytes
+        # Untimed: torch's first-call costs (allocator, kernel choice) would otherwise land on the baseline alone.
+        pipeline.denoise(self.conditioning, dataclasses.replace(self.baseline, steps=1))
+
+    def takes(self, params: GenerationParams, sweep: Sweep) -> bool:
+        """Whether `params` is this bench's setting at another seed."""
+        return sweep == self.sweep and dataclasses.replace(params, cache="none", cache_options={},
+                                                           seed=self.baseline.seed) == self.baseline
+
+    def run(self, seed: int, on_run: RunCallback | None = None, on_step: StepCallback | None = None) -> BenchResult:
+        """Every side at `seed`, repeats interleaved so that drift hits all sides alike."""
+        # "baseline" is no cache name, so a cached "none" stays a second, separate run of the same thing.
+        sides = {BASELINE: self.baseline, **self.cached}
+        runs: dict[str, list[Run]] = {label: [] for label in sides}
+        for repeat in range(self.sweep.repeats):
+            for label, side in sides.items():
+                if on_run is not None:
+                    on_run(seed, label, repeat)
+                runs[label].append(_run(self.pipeline, self.conditioning, dataclasses.replace(side, seed=seed),
+                                        self.tile, on_step))
+        per_side = {label: PolicyRuns(dataclasses.replace(sides[label], seed=seed), runs[label]) for label in sides}
+        return BenchResult(self.conditioning, self.encode_peak_rss_bytes, self.sweep.repeats,
+                           [SeedResult(seed, per_side.pop(BASELINE), per_side)], self.tile)
+
+
+def merge(results: Sequence[BenchResult]) -> BenchResult:
+    """One report's result from per-seed ones (in the order given), made by one worker or several."""
+    peaks = [r.encode_peak_rss_bytes for r in results if r.encode_peak_rss_bytes is not None]
+    first = results[0]
+    return BenchResult(first.conditioning, max(peaks) if peaks else None, first.repeats,
+                       [seed for result in results for seed in result.seeds], first.vae_tile)
+
+
 def run_bench(pipeline: AnimaPipeline, params: GenerationParams, caches: Sequence[str],
               cache_options: dict[str, float | str | bool] | None = None, seeds: Sequence[int] | None = None,
               repeats: int = 1, *, on_run: RunCallback | None = None,
               on_step: StepCallback | None = None) -> BenchResult:
-    """Baseline (cache none) vs each of `caches` at every seed (default: params.seed), `repeats` times each.
-
-    `params.cache` is ignored. Build the pipeline with keep_dit=True so the DiT is loaded once for all runs.
-    """
-    if repeats < 1:
-        raise AnimaError(f"--repeat must be at least 1, got {repeats}")
-    baseline = dataclasses.replace(params, cache="none", cache_options={})
-    cached = policy_params(params, caches, cache_options or {})
-    seeds = list(seeds) if seeds else [params.seed]
-    tile = pipeline.prepare(params)
-    with peak_rss() as encode_peak:
-        conditioning = pipeline.encode(params.prompt, params.negative, params.dtype, params.loras,
-                                       params.lora_ignore_unmatched)
-    # Untimed: torch's first-call costs (allocator, kernel choice) would otherwise land on the baseline alone.
-    pipeline.denoise(conditioning, dataclasses.replace(baseline, steps=1))
-
-    results = []
-    for seed in seeds:
-        # "baseline" is no cache name, so a cached "none" stays a second, separate run of the same thing.
-        sides = {BASELINE: baseline, **cached}
-        runs: dict[str, list[Run]] = {label: [] for label in sides}
-        for repeat in range(repeats):
-            for label, side in sides.items():
-                if on_run is not None:
-                    on_run(seed, label, repeat)
-                runs[label].append(_run(pipeline, conditioning, dataclasses.replace(side, seed=seed), tile, on_step))
-        per_side = {label: PolicyRuns(dataclasses.replace(sides[label], seed=seed), runs[label]) for label in sides}
-        results.append(SeedResult(seed, per_side.pop(BASELINE), per_side))
-    return BenchResult(conditioning, encode_peak.bytes, repeats, results, tile)
+    """Baseline (cache none) vs each of `caches` at every seed (default: params.seed), `repeats` times each,
+    in this process. `params.cache` is ignored."""
+    bench = SeedBench(pipeline, params, Sweep(tuple(caches), dict(cache_options or {}), repeats))
+    return merge([bench.run(seed, on_run, on_step) for seed in (seeds or [params.seed])])

@@ -4,7 +4,7 @@ import contextlib
 import dataclasses
 import json
 import sys
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from tqdm import tqdm
@@ -18,9 +18,12 @@ from ..model_set import ModelFiles, resolve
 from ..pipeline import RANDOM_SEED, AnimaPipeline, GenerationParams
 from ..resume import Interrupted
 from ..sampling.euler import StepEvent
+
+if TYPE_CHECKING:
+    from ..batch.ray_runner import RayRunner
 from . import cli
 from .generate import stop_on_signals
-from .options import generation_options, generation_params
+from .options import generation_options, generation_params, ray_options
 
 
 def batch_defaults(files: ModelFiles, **settings) -> GenerationParams:
@@ -33,16 +36,15 @@ def batch_defaults(files: ModelFiles, **settings) -> GenerationParams:
     return generation_params(files, **{**settings, "prompt": "", "lora_dir": None})
 
 
-def checked_jobs(path: str, defaults: GenerationParams, seeds: str | None, lora_dir: Path | None,
-                 pipeline: AnimaPipeline) -> tuple[list[BatchJob], Expected]:
-    """The jobs, each prepared as generate prepares its run (before anything runs) and named; and the model
-    fingerprints the workers must have, one entry per set of model files (subgraph sets, LoRAs) in the batch."""
-    jobs = read_jobs(path, defaults, parse_seeds(seeds) if seeds else None, lora_dir)
+def check_jobs(jobs: list[BatchJob], pipeline: AnimaPipeline, source: str | None = None) -> Expected:
+    """Prepare each job as generate prepares its run (before anything runs; `source`: the jobs file, named with
+    the line in errors) and name it; returns the model fingerprints the workers must have, one entry per set of
+    model files (subgraph sets, LoRAs) in the jobs."""
     for job in jobs:
         try:
             pipeline.prepare(job.params)
         except AnimaError as e:
-            raise AnimaError(f"{path} line {job.line}: {e}") from None
+            raise AnimaError(f"{source} line {job.line}: {e}" if source else str(e)) from None
     prints: dict[str, tuple[GenerationParams, dict[str, str | None]]] = {}
 
     def fingerprints(params: GenerationParams) -> dict[str, str | None]:
@@ -53,7 +55,22 @@ def checked_jobs(path: str, defaults: GenerationParams, seeds: str | None, lora_
 
     name_jobs(jobs, fingerprints)
     # Kinds of run with the same model files need one check on a worker.
-    return jobs, list({json.dumps(found, sort_keys=True): (params, found) for params, found in prints.values()}.values())
+    return list({json.dumps(found, sort_keys=True): (params, found) for params, found in prints.values()}.values())
+
+
+def ray_runner(stack: contextlib.ExitStack, address: str | None, resources: str | None, workers: int | None,
+               files: ModelFiles, expected: Expected, keep_models: bool,
+               checkpoint_every: int | None = None) -> RayRunner | None:
+    """--ray's runner, connected (so a cluster that cannot run the jobs is refused before anything is written)
+    and shut down with `stack`; None without --ray."""
+    if address is None:
+        return None
+    from ..batch.ray_runner import RayRunner, parse_resources
+
+    return stack.enter_context(RayRunner(address, files, expected, keep_models=keep_models,
+                                         resources=parse_resources(resources), max_workers=workers,
+                                         checkpoint_every=checkpoint_every,
+                                         warn=lambda line: tqdm.write(line, file=sys.stderr)))
 
 
 @cli.command("batch")
@@ -68,16 +85,9 @@ def checked_jobs(path: str, defaults: GenerationParams, seeds: str | None, lora_
               help="Keep the DiT loaded between jobs (faster), or load each stage per job (least memory). "
                    "Default: keep, except on the rknn backend (the board's 8 GB).")
 @click.option("--checkpoint-every", type=click.IntRange(min=1), default=None,
-              help="Local mode: write the running job's resume state every N steps. Default: after every computed "
-                   "step once a job takes over a minute.")
-@click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS|local",
-              help="Spread the jobs over a Ray cluster: auto = the one `ray start` runs here, ADDRESS = its head "
-                   "(host:6379), local = a private cluster on this machine for this batch.")
-@click.option("--ray-resources", default=None, metavar="JSON",
-              help='What each Ray worker asks of its node, e.g. \'{"npu": 1}\' for one worker per board that '
-                   'advertises an NPU. Default: {"CPU": 1}.')
-@click.option("--ray-workers", type=click.IntRange(min=1), default=None,
-              help="At most this many Ray workers. Default: as many as the cluster's resources hold.")
+              help="Write the running job's resume state every N steps (with --ray: in its worker node's cache "
+                   "folder). Default: after every computed step once a job takes over a minute.")
+@ray_options
 def batch(jobs_file, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, lora_dir, seeds, out, overwrite,
           keep_models, checkpoint_every, ray_address, ray_resources, ray_workers, **options) -> None:
     """Generate every job of JOBS into --out: a .jsonl file (one job's settings per line: prompt, negative,
@@ -86,17 +96,12 @@ def batch(jobs_file, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer
     files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
                     t5_tokenizer=t5_tokenizer)
     defaults = batch_defaults(files, **options)
-    if ray_address is not None:
-        from ..batch.ray_runner import RayRunner, parse_resources
-
-        resources = parse_resources(ray_resources)
     pipeline = AnimaPipeline(files)
-    jobs, expected = checked_jobs(jobs_file, defaults, seeds, lora_dir, pipeline)
+    jobs = read_jobs(jobs_file, defaults, parse_seeds(seeds) if seeds else None, lora_dir)
+    expected = check_jobs(jobs, pipeline, jobs_file)
     keep = defaults.backend != "rknn" if keep_models is None else keep_models
     with contextlib.ExitStack() as stack:
-        ray_runner = None if ray_address is None else stack.enter_context(RayRunner(
-            ray_address, files, expected, keep_models=keep, resources=resources, max_workers=ray_workers,
-            warn=lambda line: tqdm.write(line, file=sys.stderr)))  # connected before anything is written
+        ray = ray_runner(stack, ray_address, ray_resources, ray_workers, files, expected, keep, checkpoint_every)
         results = Results(out, jobs, overwrite=overwrite)
         todo = [job for job in jobs if not results.done(job)]
         click.echo(f"{len(jobs)} jobs: {len(jobs) - len(todo)} done before, {len(todo)} to run", err=True)
@@ -112,10 +117,10 @@ def batch(jobs_file, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer
                 bar.set_postfix_str(outcome.worker)
                 bar.update(1)
 
-            if ray_runner is None:
+            if ray is None:
                 run_local(todo, results, Worker(files, keep), checkpoint_every, bar, publish)
             else:
-                ray_runner.run(todo, publish)
+                ray.run(todo, publish)
     click.echo(f"{len(todo) - len(failed)} images written to {results.folder} ({RESULTS} has every job's record)",
                err=True)
     if failed:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -9,7 +11,10 @@ import click
 from tqdm import tqdm
 
 from ..bench import DEFAULT_MIN_PSNR
-from ..batch.jobs import one_sweep, read_jobs
+from ..batch.jobs import BatchJob, one_sweep, read_jobs
+from ..batch.local import LocalRunner
+from ..batch.results import Outcome
+from ..batch.worker import Worker
 from ..bench.run import MAX_REPEATS
 from ..errors import AnimaError
 from ..files import output_folder, save_png
@@ -17,7 +22,8 @@ from ..model_set import resolve
 from ..pipeline import AnimaPipeline, GenerationParams, GenerationResult, png_parameters
 from ..sampling.euler import StepEvent
 from . import cli
-from .options import (FINITE, cache_options, image_size, lora_options, lora_settings, model_options, rknn_options, rknn_settings,
+from .batch import check_jobs, ray_runner
+from .options import (FINITE, cache_options, image_size, lora_options, lora_settings, model_options, ray_options, rknn_options, rknn_settings,
                       sampling_options, vae_backend_options, vae_options, vae_tiling)
 
 if TYPE_CHECKING:
@@ -72,6 +78,7 @@ def save_images(result: BenchResult, out: Path, model_name: str) -> None:
 @vae_options
 @vae_backend_options
 @lora_options
+@ray_options
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False),
               help="Folder for report.json, report.md, the images and plots.")
 @click.option("--overwrite", is_flag=True, help="Write into a non-empty --out folder.")
@@ -79,8 +86,8 @@ def save_images(result: BenchResult, out: Path, model_name: str) -> None:
 def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, negative, width, height, steps,
           cfg, seed, shift, dtype, backend, subgraphs, rknn_runtime, rknn_budget, rknn_core_mask, caches,
           cache_option, seeds, jobs_file, repeat, min_psnr, min_ssim, fail_on_verdict, tiling, vae_tile_size,
-          vae_tile_overlap, vae_backend, vae_subgraphs, lora, lora_dir, lora_ignore_unmatched, out, overwrite,
-          as_json) -> None:
+          vae_tile_overlap, vae_backend, vae_subgraphs, lora, lora_dir, lora_ignore_unmatched, ray_address, ray_resources,
+          ray_workers, out, overwrite, as_json) -> None:
     """Cached vs uncached baseline with the same weights, seed and noise: speed, work and image fidelity."""
     run_module, report_module, figures = bench_modules()
     cache_names = run_module.parse_cache_list(caches)
@@ -102,23 +109,42 @@ def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, n
                               vae_backend=vae_backend, vae_subgraphs=vae_subgraphs, loras=loras,
                               lora_ignore_unmatched=lora_ignore_unmatched)
     if jobs_file is not None:
-        params, seed_list = one_sweep(read_jobs(jobs_file, params, lora_dir=lora_dir), run_module.MAX_SEEDS)
+        jobs = read_jobs(jobs_file, params, lora_dir=lora_dir)
+        params, seed_list = one_sweep(jobs, run_module.MAX_SEEDS)
+    else:
+        jobs = [BatchJob(0, dataclasses.replace(params, seed=one_seed)) for one_seed in seed_list]
+    sweep = run_module.Sweep(tuple(cache_names), options, repeat)
     run_module.policy_params(params, cache_names, options)  # bad options fail here, before the folder is made
+    expected = check_jobs(jobs, AnimaPipeline(files), jobs_file)
     out_dir = Path(out)
     output_folder(out_dir, overwrite=overwrite, names=["report.json", "report.md"], holds="a bench report" if (out_dir / "report.json").exists() else "other files")
-    pipeline = AnimaPipeline(files, keep_dit=True)
 
-    total_steps = len(seed_list) * repeat * (1 + len(cache_names)) * steps
-    with tqdm(total=total_steps, desc="bench", unit="step", file=sys.stderr, dynamic_ncols=True) as bar:
-        def on_run(run_seed: int, side: str, index: int) -> None:
-            bar.set_description(f"seed {run_seed} {side} {index + 1}/{repeat}")
+    sides = 1 + len(cache_names)
+    with contextlib.ExitStack() as stack, tqdm(total=len(jobs) * repeat * sides * steps, desc="bench", unit="step",
+                                               file=sys.stderr, dynamic_ncols=True) as bar:
+        ray = ray_runner(stack, ray_address, ray_resources, ray_workers, files, expected, keep_models=True)
+        parts: dict[str, BenchResult] = {}
 
-        def on_step(event: StepEvent) -> None:
-            bar.set_postfix_str("model" if event.computed else "forecast")
-            bar.update(1)
+        def publish(job: BatchJob, outcome: Outcome) -> None:
+            if outcome.bench is None:
+                raise AnimaError(f"seed {job.params.seed}: {outcome.error}")
+            parts[job.id] = outcome.bench
+            if ray is not None:  # a worker's steps are not seen here: the bar moves a seed at a time
+                bar.set_postfix_str(f"seed {job.params.seed} from {outcome.worker}")
+                bar.update(repeat * sides * steps)
 
-        result = run_module.run_bench(pipeline, params, cache_names, options, seed_list, repeat,
-                                      on_run=on_run, on_step=on_step)
+        if ray is None:
+            def on_run(run_seed: int, side: str, index: int) -> None:
+                bar.set_description(f"seed {run_seed} {side} {index + 1}/{repeat}")
+
+            def on_step(event: StepEvent) -> None:
+                bar.set_postfix_str("model" if event.computed else "forecast")
+                bar.update(1)
+
+            LocalRunner(Worker(files, keep_models=True), out_dir, on_step=on_step).bench(jobs, sweep, publish, on_run)
+        else:
+            ray.run(jobs, publish, sweep)
+    result = run_module.merge([parts[job.id] for job in jobs])
 
     report = report_module.build_report(result, files.dit.name, report_module.Thresholds(min_psnr, min_ssim))
     save_images(result, out_dir, files.dit.name)

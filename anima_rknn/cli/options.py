@@ -152,6 +152,22 @@ def lora_options(f: F) -> F:
     return lora_file_options(lora_dir_option(f))
 
 
+def ray_options(f: F) -> F:
+    """--ray / --ray-resources / --ray-workers: run the jobs on a Ray cluster (batch.ray_runner)."""
+    for option in reversed([
+        click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS|local",
+                     help="Spread the jobs over a Ray cluster: auto = the one `ray start` runs here, ADDRESS = its "
+                          "head (host:6379), local = a private cluster on this machine for this run."),
+        click.option("--ray-resources", default=None, metavar="JSON",
+                     help='What each Ray worker asks of its node, e.g. \'{"npu": 1}\' for one worker per board '
+                          'that advertises an NPU. Default: {"CPU": 1}.'),
+        click.option("--ray-workers", type=click.IntRange(min=1), default=None,
+                     help="At most this many Ray workers. Default: as many as the cluster's resources hold."),
+    ]):
+        f = option(f)
+    return f
+
+
 def lora_settings(prompt: str | None, lora: tuple[str, ...], lora_dir: Path | None) -> tuple[str | None, list[LoraRef]]:
     """The prompt without its <lora:...> tags, and the LoRAs of --lora followed by those the tags name."""
     refs = [parse_lora_option(text) for text in lora]

@@ -2,6 +2,7 @@
 before anything runs, a batch killed mid-way and run again, and --ray local."""
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -120,6 +121,37 @@ def test_killed_mid_batch_then_run_again_loses_nothing(run_cli, model_dir, tmp_p
     assert not list((tmp_path / "out").glob("*.state")) and not list((tmp_path / "out").glob(".*.part"))
 
 
+def test_ray_batch_killed_mid_job_continues_from_the_state_on_the_worker_s_node(run_cli, model_dir, tmp_path,
+                                                                                 monkeypatch, one_thread):
+    """With --ray the output folder is the driver's alone, so a worker checkpoints into its node's cache folder:
+    the batch SIGKILLed mid-job and run again continues the job there (fewer model calls than a whole job) and
+    makes the uninterrupted image."""
+    pytest.importorskip("ray")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the one node's cache, for both runs
+    states = tmp_path / "cache" / "anima-rknn" / "batch-states"
+    (tmp_path / "p.txt").write_text("a red circle\n")
+    args = ("batch", tmp_path / "p.txt", "--model", model_dir, "-W", "64", "-H", "64", "--steps", "400", "--cfg", "1",
+            "--seeds", "3", "--checkpoint-every", "1")
+    with open(tmp_path / "log", "wb") as log:
+        process = subprocess.Popen(_command(*args, "--ray", "local", "--ray-workers", "1", "-o", tmp_path / "out"),
+                                   stderr=log, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        deadline = time.monotonic() + 240
+        while not list(states.glob("*.state")):
+            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "log").read_text()
+            time.sleep(0.02)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=60)
+    assert _records(tmp_path / "out") == [] and len(list(states.glob("*.state"))) == 1
+    again = run_cli(*args, "--ray", "local", "--ray-workers", "1", "-o", tmp_path / "out")
+    assert again.code == 0, again.err
+    assert run_cli(*args, "-o", tmp_path / "clean").code == 0
+    (resumed,), (clean,) = _records(tmp_path / "out"), _records(tmp_path / "clean")
+    assert resumed["job"] == clean["job"] and clean["transformer_passes"] == 400
+    assert 0 < resumed["transformer_passes"] < 400  # continued, not started over
+    assert (tmp_path / "out" / resumed["image"]).read_bytes() == (tmp_path / "clean" / clean["image"]).read_bytes()
+    assert not list(states.glob("*.state"))
+
+
 def test_ctrl_c_stops_after_the_step_and_the_next_run_continues(run_cli, model_dir, tmp_path, one_thread):
     (tmp_path / "p.txt").write_text("a red circle\n")
     args = ("batch", tmp_path / "p.txt", "--model", model_dir, "-W", "64", "-H", "64", "--steps", "400", "--cfg", "1",
@@ -172,3 +204,22 @@ def test_bench_takes_its_sweep_from_a_jobs_file(run_cli, model_dir, tmp_path, on
     assert mixed.code == 1 and "line 2: bench takes one prompt's seeds" in mixed.err and not (tmp_path / "d").exists()
     both = run_cli(*args, "--jobs", tmp_path / "j.jsonl", "-p", "cat", "--out", tmp_path / "e")
     assert both.code == 1 and "drop --prompt and --seeds" in both.err
+
+
+def test_bench_runs_its_seeds_on_the_batch_runners_locally_and_over_ray(run_cli, model_dir, tmp_path, one_thread):
+    pytest.importorskip("ray")
+    (tmp_path / "j.jsonl").write_text("".join(json.dumps({"prompt": "a red circle", "seed": s}) + "\n" for s in (5, 2, 7)))
+    args = ("bench", "--model", model_dir, "-W", "32", "-H", "32", "--steps", "6", "--cache", "spectrum",
+            "--cache-option", "warmup=2", "--jobs", tmp_path / "j.jsonl", "--json")
+    local = run_cli(*args, "--out", tmp_path / "local")
+    ray = run_cli(*args, "--out", tmp_path / "ray", "--ray", "local", "--ray-workers", "2")
+    assert local.code == 0 and ray.code == 0, ray.err
+    local_report, ray_report = json.loads(local.out), json.loads(ray.out)
+    assert [e["seed"] for e in ray_report["seeds"]] == [5, 2, 7]  # the jobs' order, whoever finished first
+    assert all(e["worker"] and e["worker"] != local_report["seeds"][0]["worker"] for e in ray_report["seeds"])
+    for entry in local_report["seeds"]:
+        for name in (entry["baseline"]["image"], entry["cached"]["spectrum"]["image"]):
+            assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
+    for local_entry, ray_entry in zip(local_report["seeds"], ray_report["seeds"], strict=True):
+        assert ray_entry["cached"]["spectrum"]["vs_baseline"]["psnr_db"] == \
+            local_entry["cached"]["spectrum"]["vs_baseline"]["psnr_db"]
