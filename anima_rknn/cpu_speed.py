@@ -11,22 +11,26 @@ import hashlib
 import os
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from .errors import AnimaError
-from .files import Unreadable, read_small_json, write_json
+from .files import Unreadable, cache_dir, read_small_json, write_json
 
 AUTO = "auto"
 BF16_MIN_GAIN = 1.2  # bf16 is chosen only when clearly faster: it also rounds more
 SLOW_WARNING = 0.5  # an explicitly asked dtype slower than this fraction of fp32's speed gets a warning
 _SHAPE = (128, 512, 512)  # tokens x in x out: fast enough on a CPU that emulates bf16 (~10 ms at 3 GFLOP/s)
 _CACHE_FORMAT = "anima-rknn-dtype-probe/1"
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _machine_key() -> str:
-    """CPU model and flags, torch version, threads and oneDNN's ISA limit: what the probe's answer depends on."""
+def machine_key(extra: str = "") -> str:
+    """CPU model and flags, torch version, threads and oneDNN's ISA limit: what a probe's answer depends on
+    (`extra`: whatever else a probe's answer depends on, e.g. another runtime's version)."""
     cpu = ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -36,12 +40,34 @@ def _machine_key() -> str:
         cpu = platform.processor()
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""  # limits oneDNN's kernels
     text = f"{platform.machine()}|{cpu}|{torch.__version__}|{torch.get_num_threads()}|{isa}"
+    if extra:
+        text += f"|{extra}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def cache_path() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "anima-rknn" / "dtype-probe.json"
+    return cache_dir() / "dtype-probe.json"
+
+
+def cached_measurement(path: Path, form: str, key: str, field: str, valid: Callable[[Any], bool],
+                       measure: Callable[[], Any]) -> Any:
+    """measure(), kept in `path` (JSON: the `form` name, the machine `key`, the value under `field`) and read from
+    there while it is `valid` for this machine: a damaged or foreign cache is measured again, never an error, and a
+    read-only one only costs measuring again next time."""
+    try:
+        cached = read_small_json(path, 4096)
+        if (isinstance(cached, dict) and cached.get("format") == form and cached.get("machine") == key
+                and valid(cached.get(field))):
+            return cached[field]
+    except Unreadable:
+        pass
+    value = measure()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, {"format": form, "machine": key, field: value}, overwrite=True)
+    except (OSError, AnimaError):
+        pass  # a read-only home only costs the measurement next time
+    return value
 
 
 def _gflops(dtype: torch.dtype, repeats: int = 3) -> float:
@@ -60,29 +86,18 @@ def _gflops(dtype: torch.dtype, repeats: int = 3) -> float:
 def measure() -> dict[str, float]:
     """GFLOP/s of the probe matmul per dtype, on this machine now."""
     with torch.inference_mode():
-        return {name: _gflops(dtype) for name, dtype in
-                (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16))}
+        return {name: _gflops(dtype) for name, dtype in _DTYPES.items()}
+
+
+def _valid_speeds(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(value.get(d), (int, float)) and not isinstance(value.get(d), bool) and value[d] > 0 for d in _DTYPES)
 
 
 def probe() -> dict[str, float]:
-    """measure(), cached per machine (a damaged or foreign cache is measured again, never an error)."""
-    path, key = cache_path(), _machine_key()
-    try:
-        cached = read_small_json(path, 4096)
-        if (isinstance(cached, dict) and cached.get("format") == _CACHE_FORMAT and cached.get("machine") == key
-                and isinstance(cached.get("gflops"), dict)
-                and all(isinstance(cached["gflops"].get(d), (int, float)) and cached["gflops"][d] > 0
-                        for d in ("fp32", "bf16", "fp16"))):
-            return {d: float(cached["gflops"][d]) for d in ("fp32", "bf16", "fp16")}
-    except Unreadable:
-        pass
-    speeds = measure()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, {"format": _CACHE_FORMAT, "machine": key, "gflops": speeds}, overwrite=True)
-    except (OSError, AnimaError):
-        pass  # a read-only home only costs the probe's few milliseconds next time
-    return speeds
+    """measure(), cached per machine."""
+    speeds = cached_measurement(cache_path(), _CACHE_FORMAT, machine_key(), "gflops", _valid_speeds, measure)
+    return {d: float(speeds[d]) for d in _DTYPES}
 
 
 def fastest_dtype(speeds: dict[str, float]) -> str:

@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
+from . import files
 from .errors import AnimaError
 
 HUB_REPO = "circlestone-labs/Anima"
@@ -103,7 +104,7 @@ def download_from_hub(repo: str, cache_dir: str | os.PathLike | None = None) -> 
     """Fetch the three checkpoint files and both tokenizers into the model-directory layout."""
     from huggingface_hub import constants, hf_hub_download
 
-    root = Path(cache_dir or Path.home() / ".cache" / "anima-rknn" / repo.replace("/", "--"))
+    root = Path(cache_dir or files.cache_dir() / repo.replace("/", "--"))
     wanted = [(repo, f, root) for f in HUB_FILES.values()]
     wanted += [(tok_repo, "tokenizer.json", root / LAYOUT[f"{name}_tokenizer"]) for name, tok_repo in
                (("qwen", HUB_TOKENIZERS["qwen3"]), ("t5", HUB_TOKENIZERS["t5"]))]

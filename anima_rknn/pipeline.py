@@ -18,8 +18,9 @@ import torch
 from PIL import Image
 
 from .checkpoint import fingerprint, read_shapes
-from .cpu_speed import resolve_dtype
+from .cpu_speed import AUTO, resolve_dtype
 from .engine import BACKENDS, RknnOptions, make_engine, subgraph_manifest
+from .engine.vae_auto import choose_vae_backend
 from .engine.vae_tiles import VAE_BACKENDS, open_tile_decoder, vae_set_manifest
 from .errors import AnimaError
 from .export.manifest import MANIFEST
@@ -99,7 +100,9 @@ class GenerationParams:
     vae_tiling: str = "auto"  # auto: tiles only when decoding in one piece would not fit the free memory
     vae_tile: int = 512  # pixels
     vae_overlap: int = 64
-    vae_backend: str = "torch"  # onnx / rknn: fixed-shape decoder tiles from an exported VAE set, blended here
+    # onnx / rknn: fixed-shape decoder tiles from an exported VAE set, blended here; auto: torch or onnx, whichever
+    # decodes this image faster on this CPU (prepare() resolves it; the result reports the one used)
+    vae_backend: str = AUTO
     vae_subgraphs: Path | None = None  # that set (export-vae; convert-rknn for rknn)
     loras: list[LoraRef] = dataclasses.field(default_factory=list)  # merged into the DiT and its adapter
     lora_ignore_unmatched: bool = False  # skip LoRA keys that name no layer of this model
@@ -136,9 +139,10 @@ class GenerationParams:
                              f"got {self.vae_tile} and {self.vae_overlap}")
         if self.vae_backend not in VAE_BACKENDS:
             raise AnimaError(f"unknown VAE backend {self.vae_backend!r}; choose one of {', '.join(VAE_BACKENDS)}")
-        if self.vae_backend == "torch" and self.vae_subgraphs is not None:
-            raise AnimaError("a VAE set (--vae-subgraphs) runs on --vae-backend onnx or rknn, not torch")
-        if self.vae_backend != "torch" and self.vae_tiling == "off":
+        if self.vae_backend in ("torch", AUTO) and self.vae_subgraphs is not None:
+            raise AnimaError(f"a VAE set (--vae-subgraphs) runs on --vae-backend onnx or rknn, not {self.vae_backend}"
+                             + (" (which exports and caches its own)" if self.vae_backend == AUTO else ""))
+        if self.vae_backend in ("onnx", "rknn") and self.vae_tiling == "off":
             raise AnimaError(f"the {self.vae_backend} VAE backend always decodes in its set's tiles: "
                              "drop --no-vae-tiling")
         if not isinstance(self.cache_options, dict):
@@ -169,6 +173,18 @@ class Denoised:
     denoise_s: float
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodePlan:
+    """How a run's latent becomes its image, fixed by prepare() before any denoising: in one piece (tile None)
+    or in `tile`-px tiles overlapping by `overlap`, on `backend` (torch, or onnx / rknn running the VAE set in
+    `subgraphs`); never auto, which prepare() resolves."""
+
+    tile: int | None = None
+    overlap: int = 64
+    backend: str = "torch"
+    subgraphs: Path | None = None
+
+
 @dataclasses.dataclass
 class GenerationResult:
     image: Image.Image | None  # None when the latent is not finite
@@ -177,6 +193,7 @@ class GenerationResult:
     conditioning: Conditioning
     denoised: Denoised
     decode_s: float
+    vae_backend: str | None = None  # the VAE backend that decoded (DecodePlan.backend); None: params.vae_backend
 
     @property
     def finite(self) -> bool:
@@ -195,7 +212,7 @@ class GenerationResult:
             "image": image,
             "width": params.width, "height": params.height, "steps": params.steps, "cfg": params.cfg,
             "seed": params.seed, "backend": params.backend, "dtype": params.dtype, "cache": params.cache,
-            "vae_backend": params.vae_backend,
+            "vae_backend": self.vae_backend or params.vae_backend,
             "cache_options": params.cache_options,
             "loras": [{"name": ref.name, **ref.as_json()} for ref in params.loras],
             "timings": {k: round(v, 4) for k, v in self.timings().items()},
@@ -332,23 +349,23 @@ class AnimaPipeline:
         return_freed_memory()
         return Denoised(sample, passes, subgraph_runs, elapsed)
 
-    def decode(self, latent: np.ndarray, tile: int | None = None, overlap: int = 64, *, backend: str = "torch",
-               subgraphs: Path | None = None, rknn: RknnOptions = RknnOptions()) -> tuple[Image.Image, float]:
-        """The latent as an image, in one piece or `tile`-px tiles; on `backend` the tiles run from the exported
-        VAE set in `subgraphs` (one tile shape: the latent is cut and blended here, as for torch)."""
+    def decode(self, latent: np.ndarray, plan: DecodePlan = DecodePlan(),
+               rknn: RknnOptions = RknnOptions()) -> tuple[Image.Image, float]:
+        """The latent as an image, as `plan` says (prepare()'s, or in one piece on torch); on onnx / rknn the
+        tiles run from the exported VAE set (one tile shape: the latent is cut and blended here, as for torch)."""
         start = time.perf_counter()
         z = torch.from_numpy(latent)
-        if backend == "torch":
+        if plan.backend == "torch":
             decoder = load_vae(self.files.vae)
         else:
             height, width = (side * self.vae_config.scale_factor for side in z.shape[-2:])
-            manifest = vae_set_manifest(backend, subgraphs, self.files.vae, width, height)
-            decoder = open_tile_decoder(backend, subgraphs, manifest, rknn)
+            manifest = vae_set_manifest(plan.backend, plan.subgraphs, self.files.vae, width, height)
+            decoder = open_tile_decoder(plan.backend, plan.subgraphs, manifest, rknn)
         try:
             with torch.no_grad():
-                pixels = decoder.decode(z) if tile is None else decode_tiled(decoder, z, tile, overlap)
+                pixels = decoder.decode(z) if plan.tile is None else decode_tiled(decoder, z, plan.tile, plan.overlap)
         finally:
-            if backend != "torch":
+            if plan.backend != "torch":
                 decoder.close()
         del decoder
         return_freed_memory()
@@ -358,22 +375,34 @@ class AnimaPipeline:
         array = (pixels[0].permute(1, 2, 0).clamp(0, 1).numpy() * 255).round().astype(np.uint8)
         return Image.fromarray(array), time.perf_counter() - start
 
-    def prepare(self, params: GenerationParams) -> int | None:
+    def prepare(self, params: GenerationParams) -> DecodePlan:
         """Everything about a run that can be checked before the models load: the settings, the subgraph set
-        (fits this DiT and resolution), and the VAE decode's memory. Returns the VAE tile size for the run (None:
-        one piece), chosen from a memory estimate against the free memory; what cannot fit is refused here.
-        The LoRAs are matched to this DiT, and an exported set must have been baked with the same ones."""
+        (fits this DiT and resolution), and the VAE decode's memory. Returns how the run decodes: the VAE tile
+        size (None: one piece), chosen from a memory estimate against the free memory (what cannot fit is refused
+        here), and the VAE backend.
+        The LoRAs are matched to this DiT, and an exported set must have been baked with the same ones.
+        --vae-backend auto is decided here (probed, and its ONNX set exported, before any denoising)."""
         params.validate()
         loras = self.open_loras(params.loras, params.lora_ignore_unmatched)
         subgraph_manifest(self.dit_config, params.subgraphs, params.backend, self.files.dit, params.width,
                           params.height, loras=[lora.identity() for lora in loras])
+        if params.vae_backend == AUTO:
+            torch_tile = plan_tiling(self.vae_config, params.width, params.height, params.vae_tiling,
+                                     params.vae_tile, available_bytes())
+            backend, subgraphs = choose_vae_backend(self.files.vae, params.width, params.height, params.vae_tile,
+                                                    params.vae_overlap, tiling=params.vae_tiling != "off",
+                                                    torch_tile=torch_tile)
+            # onnx runs its set's tiles (an image of one tile is one tile): less memory than torch's plan.
+            return DecodePlan(torch_tile if backend == "torch" else params.vae_tile, params.vae_overlap, backend,
+                              subgraphs)
         vae_set = vae_set_manifest(params.vae_backend, params.vae_subgraphs, self.files.vae, params.width,
                                    params.height)
         if vae_set is not None and vae_set["tile"] != params.vae_tile:
             raise AnimaError(f"the VAE set in {params.vae_subgraphs} decodes {vae_set['tile']}-px tiles, asked for "
                              f"{params.vae_tile}: pass --vae-tile-size {vae_set['tile']} or export another set")
-        return plan_tiling(self.vae_config, params.width, params.height,
+        tile = plan_tiling(self.vae_config, params.width, params.height,
                            "on" if vae_set is not None else params.vae_tiling, params.vae_tile, available_bytes())
+        return DecodePlan(tile, params.vae_overlap, params.vae_backend, params.vae_subgraphs)
 
     def fingerprints(self, params: GenerationParams) -> dict[str, str | None]:
         """What a resume state remembers of the model: the three checkpoint files (checkpoint.fingerprint) and
@@ -393,7 +422,7 @@ class AnimaPipeline:
         with these settings and model files."""
         if not isinstance(params, GenerationParams):
             raise AnimaError("generate takes a GenerationParams")
-        tile = self.prepare(params)
+        plan = self.prepare(params)
         fingerprints = self.fingerprints(params) if checkpoints is not None or resume is not None else None
         if resume is not None:
             resume.check_settings(params)
@@ -407,9 +436,8 @@ class AnimaPipeline:
         denoised = self.denoise(conditioning, params, on_step=on_step, resume=resume)
         image, decode_s = None, 0.0
         if denoised.sample.finite:  # never decode (and never save) a latent with NaN/Inf in it
-            image, decode_s = self.decode(denoised.sample.latent, tile, params.vae_overlap, backend=params.vae_backend,
-                                          subgraphs=params.vae_subgraphs, rknn=params.rknn)
-        return GenerationResult(image, denoised.sample.latent, params, conditioning, denoised, decode_s)
+            image, decode_s = self.decode(denoised.sample.latent, plan, params.rknn)
+        return GenerationResult(image, denoised.sample.latent, params, conditioning, denoised, decode_s, plan.backend)
 
 
 def png_parameters(params: GenerationParams, model_name: str, result: GenerationResult | None = None) -> str:
@@ -424,8 +452,9 @@ def png_parameters(params: GenerationParams, model_name: str, result: Generation
         fields.append(f"Computed steps: {len(result.denoised.sample.computed_steps)}/{params.steps}")
         if result.denoised.sample.error_estimate is not None:
             fields.append(f"Cache error estimate: {result.denoised.sample.error_estimate:.4g}")
-    if params.vae_backend != "torch":
-        fields.append(f"VAE backend: {params.vae_backend}")
+    vae_backend = (result.vae_backend if result is not None else None) or params.vae_backend
+    if vae_backend not in ("torch", AUTO):  # auto without a result is what was asked, not what decoded
+        fields.append(f"VAE backend: {vae_backend}")
     prompt = params.prompt
     if params.loras:  # as WebUI writes them: tags in the prompt, short hashes in a field
         prompt = " ".join([prompt, *(lora_tag(ref) for ref in params.loras)])

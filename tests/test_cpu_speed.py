@@ -11,7 +11,7 @@ from anima_rknn.pipeline import GenerationParams
 def write_cache(speeds):
     path = cpu_speed.cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"format": "anima-rknn-dtype-probe/1", "machine": cpu_speed._machine_key(),
+    path.write_text(json.dumps({"format": "anima-rknn-dtype-probe/1", "machine": cpu_speed.machine_key(),
                                 "gflops": speeds}))
 
 
@@ -25,7 +25,7 @@ def test_the_probe_measures_every_dtype_and_is_cached_per_machine(fresh_cache):
     speeds = cpu_speed.probe()
     assert set(speeds) == {"fp32", "bf16", "fp16"} and all(v > 0 for v in speeds.values())
     cached = json.loads(cpu_speed.cache_path().read_text())
-    assert cached["gflops"] == speeds and cached["machine"] == cpu_speed._machine_key()
+    assert cached["gflops"] == speeds and cached["machine"] == cpu_speed.machine_key()
     write_cache({"fp32": 100.0, "bf16": 1.0, "fp16": 2.0})  # the next call reads, not measures
     assert cpu_speed.probe() == {"fp32": 100.0, "bf16": 1.0, "fp16": 2.0}
 

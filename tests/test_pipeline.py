@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from anima_rknn.checkpoint import load_tensors, save_tensors
-from anima_rknn.pipeline import AnimaPipeline, GenerationParams, initial_noise, png_parameters
+from anima_rknn.pipeline import AnimaPipeline, DecodePlan, GenerationParams, initial_noise, png_parameters
 
 
 def test_initial_noise_is_the_cpu_generator_of_torch():
@@ -30,8 +30,8 @@ def test_decode_passes_tiling_through(tiny_set):
     pipeline = AnimaPipeline(tiny_set)
     latent = initial_noise(1, 128, 128) * 0.5
     whole, _ = pipeline.decode(latent)
-    one_tile, _ = pipeline.decode(latent, tile=128, overlap=64)
-    tiled, _ = pipeline.decode(latent, tile=64, overlap=32)
+    one_tile, _ = pipeline.decode(latent, DecodePlan(128, 64))
+    tiled, _ = pipeline.decode(latent, DecodePlan(64, 32))
     assert np.array_equal(np.asarray(whole), np.asarray(one_tile))
     assert whole.size == tiled.size == (128, 128) and not np.array_equal(np.asarray(whole), np.asarray(tiled))
 

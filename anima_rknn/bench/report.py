@@ -172,7 +172,8 @@ def build_report(result: BenchResult, model_name: str, thresholds: Thresholds | 
             "model": model_name, "prompt": params.prompt, "negative": params.negative,
             "width": params.width, "height": params.height, "steps": params.steps, "cfg": params.cfg,
             "shift": params.shift, "dtype": params.dtype, "backend": params.backend,
-            "vae_tile": result.vae_tile, "seeds": [entry["seed"] for entry in seeds], "repeats": result.repeats,
+            "vae_tile": result.decode.tile, "vae_backend": result.decode.backend,
+            "seeds": [entry["seed"] for entry in seeds], "repeats": result.repeats,
             "caches": {name: seeds[0]["cached"][name]["cache_options"] for name in caches},
         },
         "encode": {"encode_s": result.conditioning.encode_s,
@@ -276,7 +277,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines = ["# anima-rknn bench: cached vs baseline", "",
              f"Prompt: {s['prompt']!r}; {s['width']}x{s['height']}, {s['steps']} steps, CFG {s['cfg']:g}, "
              f"shift {s['shift']:g}, {s['dtype']}, {s['backend']} backend, model {s['model']}, "
-             f"VAE {'tiled ' + str(s['vae_tile']) + ' px' if s['vae_tile'] else 'untiled'}.",
+             f"VAE {'tiled ' + str(s['vae_tile']) + ' px' if s['vae_tile'] else 'untiled'} on {s['vae_backend']}.",
              f"Prompt encoding (shared by all runs, done once): {report['encode']['encode_s']:.2f} s, "
              f"peak RSS {_mb(report['encode']['peak_rss_mb'])}. Total excl. encoding = denoise + decode."
              + ("" if repeats == 1 else f" Times: median of {repeats} repeats (min in brackets); "

@@ -11,7 +11,7 @@ import numpy as np
 from PIL import Image
 
 from ..errors import AnimaError
-from ..pipeline import MAX_SEED, AnimaPipeline, Conditioning, Denoised, GenerationParams, resolve_seed
+from ..pipeline import MAX_SEED, AnimaPipeline, Conditioning, DecodePlan, Denoised, GenerationParams, resolve_seed
 from ..sampling.caches import CACHE_NAMES, make_cache
 from ..sampling.euler import StepCallback, StepEvent
 from ..memory import peak_rss
@@ -66,7 +66,7 @@ class BenchResult:
     encode_peak_rss_bytes: int | None
     repeats: int
     seeds: list[SeedResult]
-    vae_tile: int | None  # the tile size every decode used; None: one piece
+    decode: DecodePlan  # how every decode ran (tile, VAE backend)
 
 
 def parse_cache_list(text: str) -> list[str]:
@@ -109,7 +109,7 @@ def policy_params(params: GenerationParams, caches: Sequence[str],
     return {name: dataclasses.replace(params, cache=name, cache_options=dict(cache_options)) for name in caches}
 
 
-def _run(pipeline: AnimaPipeline, conditioning: Conditioning, params: GenerationParams, tile: int | None,
+def _run(pipeline: AnimaPipeline, conditioning: Conditioning, params: GenerationParams, plan: DecodePlan,
          on_step: StepCallback | None) -> Run:
     events: list[StepEvent] = []
 
@@ -122,9 +122,7 @@ def _run(pipeline: AnimaPipeline, conditioning: Conditioning, params: Generation
         denoised = pipeline.denoise(conditioning, params, on_step=listen)
         image, decode_s = None, 0.0
         if denoised.sample.finite:
-            image, decode_s = pipeline.decode(denoised.sample.latent, tile, params.vae_overlap,
-                                              backend=params.vae_backend, subgraphs=params.vae_subgraphs,
-                                              rknn=params.rknn)
+            image, decode_s = pipeline.decode(denoised.sample.latent, plan, params.rknn)
     return Run(denoised, image, decode_s, peak.bytes, [e.seconds for e in events], [e.x0.copy() for e in events])
 
 
@@ -150,7 +148,7 @@ class SeedBench:
         self.pipeline, self.sweep = pipeline, sweep
         self.baseline = dataclasses.replace(params, cache="none", cache_options={})
         self.cached = policy_params(params, sweep.caches, sweep.cache_options)
-        self.tile = pipeline.prepare(params)
+        self.plan = pipeline.prepare(params)
         with peak_rss() as encode_peak:
             self.conditioning = pipeline.encode(params.prompt, params.negative, params.dtype, params.loras,
                                                 params.lora_ignore_unmatched)
@@ -173,10 +171,10 @@ class SeedBench:
                 if on_run is not None:
                     on_run(seed, label, repeat)
                 runs[label].append(_run(self.pipeline, self.conditioning, dataclasses.replace(side, seed=seed),
-                                        self.tile, on_step))
+                                        self.plan, on_step))
         per_side = {label: PolicyRuns(dataclasses.replace(sides[label], seed=seed), runs[label]) for label in sides}
         return BenchResult(self.conditioning, self.encode_peak_rss_bytes, self.sweep.repeats,
-                           [SeedResult(seed, per_side.pop(BASELINE), per_side)], self.tile)
+                           [SeedResult(seed, per_side.pop(BASELINE), per_side)], self.plan)
 
 
 def merge(results: Sequence[BenchResult]) -> BenchResult:
@@ -184,7 +182,7 @@ def merge(results: Sequence[BenchResult]) -> BenchResult:
     peaks = [r.encode_peak_rss_bytes for r in results if r.encode_peak_rss_bytes is not None]
     first = results[0]
     return BenchResult(first.conditioning, max(peaks) if peaks else None, first.repeats,
-                       [seed for result in results for seed in result.seeds], first.vae_tile)
+                       [seed for result in results for seed in result.seeds], first.decode)
 
 
 def run_bench(pipeline: AnimaPipeline, params: GenerationParams, caches: Sequence[str],

@@ -49,7 +49,7 @@ def save_images(result: BenchResult, out: Path, model_name: str) -> None:
             run = policy.first
             if run.image is not None:
                 generation = GenerationResult(run.image, run.denoised.sample.latent, policy.params,
-                                              result.conditioning, run.denoised, run.decode_s)
+                                              result.conditioning, run.denoised, run.decode_s, result.decode.backend)
                 save_png(run.image, out / report_module.image_file(label, seed_result.seed), overwrite=True,
                          parameters=png_parameters(policy.params, model_name, generation))
 

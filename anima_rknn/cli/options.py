@@ -128,9 +128,12 @@ def vae_backend_options(f: F) -> F:
     """--vae-backend / --vae-subgraphs: GenerationParams' vae_backend and vae_subgraphs."""
     f = click.option("--vae-subgraphs", type=click.Path(file_okay=False, path_type=Path), default=None,
                      help="VAE decoder set written by export-vae (onnx), converted by convert-rknn (rknn).")(f)
-    return click.option("--vae-backend", type=click.Choice(VAE_BACKENDS), default="torch", show_default=True,
+    return click.option("--vae-backend", type=click.Choice(VAE_BACKENDS), default=GenerationParams.vae_backend,
+                        show_default=True,
                         help="Where the VAE decoder runs: onnx / rknn run the fixed-shape tiles of --vae-subgraphs "
-                             "(its tile size must be --vae-tile-size), blended on the host.")(f)
+                             "(its tile size must be --vae-tile-size), blended on the host; auto: torch or onnx, "
+                             "whichever this CPU decodes the image faster with (measured once; onnx exports its "
+                             "set once into the cache folder).")(f)
 
 
 def lora_file_options(f: F) -> F:

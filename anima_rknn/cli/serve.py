@@ -10,7 +10,8 @@ import click
 from ..cpu_speed import resolve_dtype
 from ..errors import AnimaError
 from ..model_set import resolve
-from ..pipeline import MAX_SIDE, MAX_STEPS, AnimaPipeline
+from ..engine.vae_auto import choose_vae_backend
+from ..pipeline import MAX_SIDE, MAX_STEPS, AnimaPipeline, GenerationParams
 from ..sampling.caches import CACHE_NAMES
 from . import cli
 from .options import dtype_option, lora_dir_option, model_options, rknn_options, rknn_settings
@@ -61,8 +62,13 @@ def serve(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host, por
     files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
                     t5_tokenizer=t5_tokenizer)
     keep = backend != "rknn" if keep_models is None else keep_models
-    engine = {"dtype": resolve_dtype(dtype), "backend": backend,  # probed once here, not per request "subgraphs": Path(subgraphs) if subgraphs else None,
+    engine = {"dtype": resolve_dtype(dtype), "backend": backend,  # dtype probed once here, not per request
+              "subgraphs": Path(subgraphs) if subgraphs else None,
               "rknn": rknn_settings(rknn_runtime, rknn_budget, rknn_core_mask)}
+    # Requests decode with --vae-backend auto at the default tile: probe (and export its ONNX set) now, not while
+    # the first request's HTTP call waits.
+    choose_vae_backend(files.vae, GenerationParams.vae_tile, GenerationParams.vae_tile, GenerationParams.vae_tile,
+                       GenerationParams.vae_overlap, tiling=True, torch_tile=None)
     queue = JobQueue(AnimaPipeline(files, keep_dit=keep), Path(data_dir), max_queue=max_queue,
                      checkpoint_every=checkpoint_every, engine=engine)
     app = Server(queue, default_cache=cache, max_side=max_side, max_steps=max_steps, model_name=files.dit.stem,

@@ -13,12 +13,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..cpu_speed import AUTO
 from ..errors import AnimaError
 from .backends.base import Backend
 from .backends.onnx import OnnxBackend
 from .backends.rknn import RknnBackend, RknnOptions
 
-VAE_BACKENDS = ("torch", "onnx", "rknn")
+VAE_BACKENDS = (AUTO, "torch", "onnx", "rknn")  # auto: torch or onnx, whichever decodes faster here (vae_auto)
 
 
 class BackendTileDecoder:
@@ -44,9 +45,10 @@ class BackendTileDecoder:
 def vae_set_manifest(vae_backend: str, vae_subgraphs: Path | None, vae_path: Path, width: int,
                      height: int) -> dict[str, Any] | None:
     """The checked manifest of the VAE set a run decodes with (None for torch, which needs none): made from
-    this VAE file, its tile inside the width x height image. Cheap to repeat (hashes are cached)."""
-    if vae_backend not in VAE_BACKENDS:
-        raise AnimaError(f"unknown VAE backend {vae_backend!r}; choose one of {', '.join(VAE_BACKENDS)}")
+    this VAE file, its tile inside the width x height image. Cheap to repeat (hashes are cached). `vae_backend`
+    is never AUTO here: the pipeline resolves it first."""
+    if vae_backend not in VAE_BACKENDS or vae_backend == AUTO:
+        raise AnimaError(f"unknown VAE backend {vae_backend!r}; choose one of {', '.join(VAE_BACKENDS[1:])}")
     if vae_backend == "torch":
         return None
     if vae_subgraphs is None:

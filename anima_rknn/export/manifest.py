@@ -337,8 +337,11 @@ def _check_vae_manifest(manifest: dict[str, Any], at: Field) -> dict[str, Any]:
     if overlap % scale:
         at["overlap"].fail(f"expected a multiple of the VAE's scale {scale}, got {overlap}")
     _field(manifest, at, "dtype", _equal, "float32")
-    _field(manifest, at, "stream_peak", _number, 0, MAX_STREAM)  # fp32, measured at export (vae.rescale)
-    stream_scale = _field(manifest, at, "stream_scale", _number, 1, MAX_STREAM)
+    if manifest.get("stream_peak", 0) is None:  # not calibrated for fp16: an ONNX Runtime set (export/vae.py)
+        stream_scale = _field(manifest, at, "stream_scale", _number, 1, 1)
+    else:
+        _field(manifest, at, "stream_peak", _number, 0, MAX_STREAM)  # fp32, measured at export (vae.rescale)
+        stream_scale = _field(manifest, at, "stream_scale", _number, 1, MAX_STREAM)
     if math.log2(stream_scale) % 1:
         at["stream_scale"].fail(f"expected a power of two, got {_show(stream_scale)}")
     entries = _field(manifest, at, "subgraphs", _list, 1)

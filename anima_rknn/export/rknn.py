@@ -185,6 +185,9 @@ def convert_subgraphs(
     if out_dir == source_dir:
         raise AnimaError(f"convert into a folder other than {source_dir}: its manifest.json would be replaced")
     source = read_manifest(source_dir, kind=None)  # DiT subgraphs or the VAE decoder: converted alike
+    if source.get("stream_peak", 0) is None:
+        raise AnimaError(f"the VAE set in {source_dir} was exported for ONNX Runtime only, without the fp16 "
+                         "calibration the NPU needs: export one with `anima-rknn export-vae`")
     for entry in source["subgraphs"]:
         check_file(source_dir / entry["file"], entry["sha256"])
     onnx_names = [entry["file"] for entry in source["subgraphs"]]

@@ -62,6 +62,13 @@ def _tile_starts(length: int, tile: int, overlap: int) -> list[int]:
     return [*range(0, length - tile, tile - overlap), length - tile]
 
 
+def tiled_pixels(width: int, height: int, tile_px: int, overlap_px: int) -> int:
+    """Pixels the decoder computes for a width x height image in `tile_px` tiles: every tile whole, overlaps
+    computed once per tile that covers them (the decoder's work grows with this)."""
+    rows, cols = _tile_starts(height, tile_px, overlap_px), _tile_starts(width, tile_px, overlap_px)
+    return len(rows) * min(tile_px, height) * len(cols) * min(tile_px, width)
+
+
 def _feather(start: int, size: int, total: int, ramp: int) -> Tensor:
     """1-D blend weights of one tile: rising over `ramp` pixels at each side that is not the image edge."""
     weights = torch.ones(size)

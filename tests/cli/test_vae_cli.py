@@ -34,7 +34,8 @@ GENERATE = ("generate", "-p", "a red circle", "--steps", "2", "-W", "112", "-H",
 
 
 def test_generate_decodes_on_the_onnx_backend_like_torch(run_cli, model_dir, tiny_vae_onnx_set, tmp_path):
-    on_torch = run_cli(*GENERATE, "--model", model_dir, "--vae-tiling", "--out", tmp_path / "torch.png")
+    on_torch = run_cli(*GENERATE, "--model", model_dir, "--vae-backend", "torch", "--vae-tiling", "--out",
+                       tmp_path / "torch.png")
     on_onnx = run_cli(*GENERATE, "--model", model_dir, "--vae-backend", "onnx", "--vae-subgraphs", tiny_vae_onnx_set,
                       "--json", "--out", tmp_path / "onnx.png")
     assert on_torch.code == 0 and on_onnx.code == 0, on_onnx.err
@@ -48,7 +49,8 @@ def test_generate_decodes_on_the_onnx_backend_like_torch(run_cli, model_dir, tin
     (("--vae-backend", "onnx", "--vae-subgraphs", "SET", "--vae-tile-size", "96"),
      "decodes 64-px tiles, asked for 96: pass --vae-tile-size 64"),
     (("--vae-backend", "onnx"), "needs an exported VAE set (--vae-subgraphs DIR)"),
-    (("--vae-subgraphs", "SET"), "runs on --vae-backend onnx or rknn, not torch"),
+    (("--vae-backend", "torch", "--vae-subgraphs", "SET"), "runs on --vae-backend onnx or rknn, not torch"),
+    (("--vae-subgraphs", "SET"), "runs on --vae-backend onnx or rknn, not auto (which exports and caches its own)"),
     (("--vae-backend", "onnx", "--vae-subgraphs", "SET", "--no-vae-tiling"), "drop --no-vae-tiling"),
     (("--vae-backend", "onnx", "--vae-subgraphs", "SET", "-W", "48"), "larger than the 48x112 image"),
 ])

@@ -47,7 +47,8 @@ def test_verify_flags_a_set_below_the_threshold_and_exits_1(run_cli, model_dir, 
 
 
 def test_generate_decodes_on_the_simulator_close_to_torch(run_cli, model_dir, vae_rknn_set, tmp_path):
-    on_torch = run_cli(*GENERATE, "--model", model_dir, "--vae-tiling", "--out", tmp_path / "torch.png")
+    on_torch = run_cli(*GENERATE, "--model", model_dir, "--vae-backend", "torch", "--vae-tiling", "--out",
+                       tmp_path / "torch.png")
     on_rknn = run_cli(*GENERATE, "--model", model_dir, "--vae-backend", "rknn", "--vae-subgraphs", vae_rknn_set,
                       "--rknn-runtime", "simulator", "--out", tmp_path / "rknn.png")
     assert on_torch.code == 0 and on_rknn.code == 0, on_rknn.err
@@ -73,6 +74,17 @@ def test_an_onnx_set_is_not_taken_for_a_converted_one(run_cli, model_dir, tiny_v
                      "--out", tmp_path / "x.png")
     assert result.code == 1 and "holds an ONNX VAE decoder, not an .rknn one" in result.err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_convert_refuses_a_set_exported_without_fp16_calibration(run_cli, tiny_set, tmp_path):
+    """--vae-backend auto's cached sets skip the calibration the NPU needs (export_vae_decoder(calibrate=False))."""
+    from anima_rknn.export.vae import export_vae_decoder
+
+    export_vae_decoder(tiny_set.vae, tmp_path / "fast", 64, 16, calibrate=False)
+    result = run_cli("convert-rknn", "--subgraphs", tmp_path / "fast", "--out", tmp_path / "rknn")
+    assert result.code == 1 and result.err.count("\n") == 1
+    assert "was exported for ONNX Runtime only, without the fp16 calibration the NPU needs" in result.err
+    assert not (tmp_path / "rknn").exists()
 
 
 def test_plan_adds_the_decode_stage_after_the_dit(run_cli, vae_rknn_set, tiny_rknn_set):

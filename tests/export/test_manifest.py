@@ -186,7 +186,7 @@ BAD = [
                                                           "to 10000000.0, got nan"),
     (("rknn", "subgraphs", 2, "convert_s"), 10**400, "rknn.subgraphs[2].convert_s: expected a number"),
     *[(("subgraphs", 3, "file"), name, f"subgraphs[3].file: {name!r} is not a plain file name: {why}"
-       if len(name) < 60 else f"subgraphs[3].file: 'xxx") for name, why in NAME_CASES],
+       if len(name) < 60 else "subgraphs[3].file: 'xxx") for name, why in NAME_CASES],
 ]
 
 

@@ -127,6 +127,8 @@ def test_refused_for_another_vae_file_a_corrupt_graph_and_too_small_an_image(vae
     (lambda m: m.update(dtype="float16"), 'dtype: expected \'float32\', got \'float16\''),
     (lambda m: m.update(stream_scale=3.0), "stream_scale: expected a power of two, got 3.0"),
     (lambda m: m.update(stream_scale=float("nan")), "stream_scale: expected a number from 1 to"),
+    (lambda m: m.update(stream_peak=None, stream_scale=2.0), "stream_scale: expected a number from 1 to 1, got 2.0"),
+    (lambda m: m.update(stream_peak="high"), "stream_peak: expected a number from 0 to"),
 ])
 def test_a_crafted_manifest_is_refused_in_one_line(vae_set, tmp_path, change, message):
     crafted = tmp_path / "crafted"
@@ -136,6 +138,15 @@ def test_a_crafted_manifest_is_refused_in_one_line(vae_set, tmp_path, change, me
     (crafted / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(AnimaError, match=message):
         read_manifest(crafted, kind="vae")
+
+
+def test_an_uncalibrated_set_for_onnx_runtime_only_says_so_and_decodes_the_same(vae_set, tiny_set, tmp_path, latent):
+    export_vae_decoder(tiny_set.vae, tmp_path / "fast", TILE, OVERLAP, calibrate=False)
+    manifest = load_vae_set(tmp_path / "fast", vae_path=tiny_set.vae, converted=False)
+    assert manifest["stream_peak"] is None and manifest["stream_scale"] == 1.0
+    z = {"z": latent[..., :8, :8].numpy()}
+    calibrated = OnnxBackend(vae_set, read_manifest(vae_set, kind="vae")).run(0, z)
+    np.testing.assert_array_equal(OnnxBackend(tmp_path / "fast", manifest).run(0, z), calibrated)  # stream scale 1
 
 
 def test_dit_and_vae_sets_are_not_taken_for_each_other(vae_set):
