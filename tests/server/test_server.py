@@ -161,13 +161,13 @@ def test_a_huge_body_is_refused_before_it_is_read(server):
     connection.close()
 
 
-def _serve(model_dir, data_dir, port, log):
+def _serve(model_dir, data_dir, port, log, *options):
     import subprocess
     import sys
 
     return subprocess.Popen([sys.executable, "-m", "anima_rknn", "serve", "--model", str(model_dir), "--data-dir",
                              str(data_dir), "--port", str(port), "--checkpoint-every", "5", "--max-steps", "1000",
-                             "--dtype", "fp32"],  # as the in-process reference server (auto may pick bf16)
+                             "--dtype", "fp32", *map(str, options)],  # fp32 as the in-process reference server
                             stderr=log)
 
 
@@ -211,6 +211,29 @@ def test_a_job_running_when_the_server_dies_resumes_after_a_restart(tiny_set, tm
     resumed = Image.open(data_dir / f"{job['id']}.png")
     assert resumed.tobytes() == Image.open(io.BytesIO(call(f"{url}/api/jobs/{reference['id']}/image")[1])).tobytes()
     assert not list(data_dir.glob("*.state"))
+
+
+def test_serve_runs_requests_on_the_subgraph_set_it_was_given(tiny_set, tmp_path):
+    """serve --backend onnx --subgraphs DIR: the jobs run on that set (the record says so), one 64x64 request."""
+    pytest.importorskip("onnxscript")
+    from anima_rknn.export.onnx import export_subgraphs
+
+    export_subgraphs(tiny_set.dit, 64, 64, tmp_path / "onnx", progress=False, overwrite=True)
+    port = _free_port()
+    with open(tmp_path / "log.txt", "wb") as log:
+        process = _serve(tiny_set.dit.parents[2], tmp_path / "data", port, log, "--backend", "onnx",
+                         "--subgraphs", tmp_path / "onnx")
+        base = f"http://127.0.0.1:{port}"
+        try:
+            _wait_until(lambda: call(f"{base}/api/jobs")[0] == 200)
+            job = call(f"{base}/api/jobs", {"prompt": "a cat", "width": 64, "height": 64, "steps": 3, "seed": 1})[1]
+            _wait_until(lambda: call(f"{base}/api/jobs/{job['id']}")[1]["state"] in ("completed", "failed"), 300)
+            status = call(f"{base}/api/jobs/{job['id']}")[1]
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+    assert status["state"] == "completed", status
+    assert status["result"]["backend"] == "onnx" and status["result"]["finite"]
 
 
 def test_with_credentials_every_api_needs_them(queue):
