@@ -5,7 +5,9 @@ with the model's x0: a measured forecast error for this image at this point of t
 forecast x0 enters the Euler update scaled by (sigma - sigma_next) / sigma, so forecasting a step `d` steps after
 the last computed one adds about  weight * level * d**ORDER  to the final latent's relative error, `level` being
 the error per unit of d**ORDER that the last measurement showed. A step is forecast while that stays under the
-tolerance; a budget of computed steps raises the tolerance just enough for the rest of the run to fit it. The
+tolerance. A budget of computed steps is planned as a whole instead, and re-planned before every step: the
+cheapest placement of the calls left over the steps to come (dynamic programming), each forecast charged for how
+its error grows with the distance and for how much an early error grows on its way to the image. The
 sum of those terms, each forecast run charged at the error measured where it ended, is the run's own estimate
 of how far its latent is from the uncached one.
 
@@ -18,7 +20,6 @@ is known from the x0 the sampler used up to the initial noise's y, which cancels
 
 from __future__ import annotations
 
-import bisect
 import math
 from typing import Any
 
@@ -28,8 +29,8 @@ from ..errors import AnimaError, is_integer, require
 
 AUTO_OPTIONS = {"tol": float, "budget": int, "guard": float, "warmup": int}
 # Chosen on the demo model's tuning prompts and seeds (benchmarks/auto_cache.py --prompts 24 --prompt-seed 3
-# --seed 5000), never on the README's 48 held-out ones. tol applies without a budget; with one it is 0 unless
-# given (spend the whole budget, where the error says).
+# --seed 5000), never on the README's 48 held-out ones. tol and guard steer a run without a budget; a budget
+# plans its own calls and spends them all.
 AUTO_DEFAULTS = {"tol": 0.05, "guard": 0.2, "warmup": 3}
 # Forecast error grows like (steps since the last computed one) ** ORDER: on the demo model's uncached
 # trajectories the error of a forecast 1, 2, 3 steps ahead is about 0.05, 0.09, 0.12 in the late steps.
@@ -40,7 +41,17 @@ DAMPING = 0.5
 # What a forecast is charged before any measurement (only a budget of warm-up steps forecasts that early): as far
 # off as x0 itself, so the estimate never claims a precision nobody measured.
 UNMEASURED_LEVEL = 1.0
-
+# A budget's plan. On the demo model's uncached tuning trajectories a forecast's error grows with its distance d
+# from the last computed step like d ** (0.5 + 1.2 sigma): fast at high noise (d=3 costs 5.7 one-step errors at
+# sigma 0.9), hardly at all at the end (d=3: 1.9). One forecast step's share of the final latent's error,
+# measured by forecasting that step alone, is weight * error * gain, the gain about 0.55 from sigma 0.8 down and
+# up to 2.5 times that at sigma 0.94 (an early error changes what the later steps draw): the plan ramps it up
+# linearly above PLAN_SIGMA, to 1 + PLAN_GAIN at sigma 1. On the demo tuning set gains 0-3 from 0.8 placed
+# budget 10 alike (44.2 dB mean, 31.5 worst) and 1-2 placed budget 8 alike (36.3 / 25.9; 0: 33.1 / 18.9); 3 from
+# 0.7 did better at budget 8 (38.1 / 26.2) but lost 4 more cells to spectrum-plus on a test bed of other
+# mixtures (spectrum_testbed.py --testbed-seed 1), where 1 from 0.8 won 13 of 15.
+PLAN_GROWTH = (0.5, 1.2)
+PLAN_GAIN, PLAN_SIGMA = 1.0, 0.8
 
 
 def _number(value: object) -> bool:
@@ -50,21 +61,24 @@ def _number(value: object) -> bool:
 
 
 class AutoCache:
-    """Warm-up, then forecast a step only while its expected share of the final error is under `tol`.
+    """Warm-up, then forecast a step only while its expected share of the final error is under `tol`; `guard`: a
+    measured relative x0 error above it makes the next step a computed one.
 
-    `budget` (computed steps, optional) is a hard cap: the policy never computes more on its own, and spends
-    what it has where the measured error says. `guard`: a measured relative x0 error above it makes the next step
-    a computed one (while the budget has a call left). The sampler's own refusal of a non-finite forecast is the
-    one thing that can add a call beyond the budget.
+    `budget` (computed steps, optional) replaces both: a hard cap, spent whole on the plan with the least
+    expected error. The sampler's own refusal of a non-finite forecast is the one thing that can add a call
+    beyond it.
     """
 
     name = "auto"
 
     def __init__(self, num_steps: int, tol: float | None = None, budget: int | None = None,
-                 guard: float = AUTO_DEFAULTS["guard"], warmup: int = AUTO_DEFAULTS["warmup"]) -> None:
+                 guard: float | None = None, warmup: int = AUTO_DEFAULTS["warmup"]) -> None:
         require(is_integer(num_steps) and num_steps >= 1, f"number of steps must be a positive integer, got {num_steps!r}")
-        if tol is None:
-            tol = AUTO_DEFAULTS["tol"] if budget is None else 0.0
+        for key, value in (("tol", tol), ("guard", guard)):
+            require(budget is None or value is None,
+                    f"cache option {key} does not apply with a budget (a budget plans where its calls go)")
+        tol = AUTO_DEFAULTS["tol"] if tol is None else tol
+        guard = AUTO_DEFAULTS["guard"] if guard is None else guard
         require(_number(tol) and tol >= 0, f"cache option tol must be a number >= 0, got {tol!r}")
         require(_number(guard) and guard > 0, f"cache option guard must be a number > 0, got {guard!r}")
         require(is_integer(warmup) and warmup >= 2, f"cache option warmup must be an integer >= 2 for auto, got {warmup!r}")
@@ -102,15 +116,12 @@ class AutoCache:
         left = None if self.budget is None else self.budget - len(self._computed)
         if left is not None and left <= 0:
             return step > 2  # the forecast needs two computed steps
-        if step <= self.warmup or len(self._anchors) < 2 or self._errors[-1] is None \
-                or len(self._open) >= self._longest_run():
+        if step <= self.warmup or len(self._anchors) < 2 or self._errors[-1] is None:
             return False  # warm-up, or the last forecast could not be measured: compute
-        if left is None:
-            return self._errors[-1] <= self.guard and self._cost(step, len(self._open) + 1) <= self.tol
-        tol = max(self.tol, self._budget_tolerance(step, left))
-        if self._errors[-1] > self.guard and self._calls_needed(tol, step + 1, 1) < left:
-            return False  # the guard, as far as the budget can pay for it without starving the later steps
-        return self._cost(step, len(self._open) + 1) <= tol
+        if left is not None:
+            return self._plan_forecasts(step, left)
+        return len(self._open) < self._longest_run() and self._errors[-1] <= self.guard \
+            and self._cost(step, len(self._open) + 1) <= self.tol
 
     def forecast(self) -> np.ndarray:
         step = self._step + 1
@@ -256,22 +267,25 @@ class AutoCache:
     def _open_estimate(self) -> float:
         return sum(self._cost(step, d) for d, step in enumerate(self._open, start=1))
 
-    def _calls_needed(self, tol: float, step: int, distance: int) -> int:
-        """Computed steps the rest of the run (from `step`, at `distance` from a computed one) takes at `tol`."""
-        calls = 0
-        for s in range(step, self.num_steps + 1):
-            if self._cost(s, distance) <= tol:
-                distance += 1
-            else:
-                calls, distance = calls + 1, 1
-        return calls
+    def _plan_charges(self) -> np.ndarray:
+        """[step - 1, distance - 1]: a budget plan's charge for forecasting a step at a distance, in units of the
+        one-step error (a factor common to every charge, so the plan needs no measured level)."""
+        sigmas = np.array(self._sigmas)
+        sigma, sigma_next = sigmas[:-1], sigmas[1:]
+        gain = 1.0 + PLAN_GAIN * np.maximum(0.0, sigma - PLAN_SIGMA) / (1.0 - PLAN_SIGMA)
+        distances = np.arange(1, self.num_steps + 1)
+        growth = distances[None, :] ** (PLAN_GROWTH[0] + PLAN_GROWTH[1] * sigma[:, None])
+        return ((sigma - sigma_next) / sigma * gain)[:, None] * growth
 
-    def _budget_tolerance(self, step: int, left: int) -> float:
-        """The smallest tolerance (among the costs that can occur) at which the rest of the run fits `left` calls."""
-        reach = len(self._open) + self.num_steps - step + 1
-        # 0 first: computing every step that costs anything may fit already.
-        candidates = [0.0, *sorted({self._cost(s, d) for s in range(step, self.num_steps + 1)
-                                    for d in range(1, reach + 1)})]
-        distance = len(self._open) + 1
-        index = bisect.bisect_left(candidates, True, key=lambda tol: self._calls_needed(tol, step, distance) <= left)
-        return candidates[min(index, len(candidates) - 1)]
+    def _plan_forecasts(self, step: int, left: int) -> bool:
+        """Whether the cheapest placement of `left` calls over steps step..num_steps forecasts `step`."""
+        n, distance, charges = self.num_steps, len(self._open) + 1, self._plan_charges()
+        # rest[d - 1, c]: the least charge of the steps after the one at hand when the next is at distance d from
+        # a computed step with c calls left (distance n + 1 never occurs: its row stays infinite).
+        rest = np.vstack([np.zeros((n, left + 1)), np.full((1, left + 1), np.inf)])
+        no_call = np.full((n, 1), np.inf)
+        for k in range(n, step, -1):
+            forecast = charges[k - 1][:, None] + rest[1:]
+            compute = np.hstack([no_call, np.broadcast_to(rest[0, :-1], (n, left))])
+            rest[:n] = np.minimum(forecast, compute)
+        return bool(charges[step - 1, distance - 1] + rest[distance, left] <= rest[0, left - 1])
