@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from PIL import Image
 
 from ..errors import AnimaError
 from ..model.lora import LoraRef, named_lora, prompt_loras
@@ -340,7 +341,11 @@ class Server:
         return app
 
     def _infotext(self, job: Job) -> str:
-        return png_parameters(job.params, self.model_name)
+        """The `parameters` text of the job's PNG, which alone knows what ran (computed steps, the VAE backend
+        auto chose, the error estimate); the request's own where the PNG has none."""
+        with Image.open(self.queue.image_path(job)) as image:
+            text = image.info.get("parameters")
+        return text if isinstance(text, str) else png_parameters(job.params, self.model_name)
 
 
 class JobNotFound(Exception):
