@@ -148,6 +148,36 @@ def atomic_path(path: str | os.PathLike, *, overwrite: bool, durable: bool = Tru
             tmp.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (an empty file, created if needed, only ever locked) for the block: one
+    process at a time, released when the block ends or the process dies."""
+    import fcntl  # POSIX only, and only where a lock is taken
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
+def replaced_folder(folder: Path) -> Iterator[Path]:
+    """Yield a fresh hidden staging folder beside `folder` (not yet made) for the block to fill; when the block
+    succeeds it takes `folder`'s place whole, replacing what was there. A failed block, or a process killed at any
+    moment, never leaves a half-written `folder`: its leftovers are hidden and cleared by the next attempt. One
+    writer at a time: hold exclusive_lock around it."""
+    staging, stale = (folder.with_name(f".{folder.name}.{kind}") for kind in ("staging", "stale"))
+    for leftover in (staging, stale):  # a killed attempt's
+        shutil.rmtree(leftover, ignore_errors=True)
+    yield staging
+    if folder.exists():
+        folder.rename(stale)
+    staging.rename(folder)
+    shutil.rmtree(stale, ignore_errors=True)
+
+
 def link_or_copy(source: str | os.PathLike, target: str | os.PathLike, *, overwrite: bool) -> None:
     """`target` with `source`'s bytes: a hard link where the file system allows (no second copy of a large
     file), else a copy; published whole, under atomic_path's rules."""

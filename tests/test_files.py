@@ -138,3 +138,39 @@ def test_is_temporary_recognises_only_our_temporaries(tmp_path):
         assert files.is_temporary(tmp)
         tmp.write_bytes(b"x")
     assert not files.is_temporary(tmp_path / "a.png")
+
+
+def test_a_replaced_folder_appears_whole_or_not_at_all(tmp_path):
+    folder = tmp_path / "set"
+    folder.mkdir()
+    (folder / "old").write_text("damaged")
+    with pytest.raises(RuntimeError):
+        with files.replaced_folder(folder) as staging:
+            staging.mkdir()
+            (staging / "half").write_text("x")
+            raise RuntimeError("killed mid-write")
+    assert [p.name for p in folder.iterdir()] == ["old"]  # a failed write leaves the old folder as it was
+    with files.replaced_folder(folder) as staging:  # the failed attempt's staging is cleared first
+        assert not staging.exists()
+        staging.mkdir()
+        (staging / "new").write_text("whole")
+    assert [p.name for p in folder.iterdir()] == ["new"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["set"]  # no staging or stale folder left
+
+
+def test_an_exclusive_lock_admits_one_holder_at_a_time(tmp_path):
+    inside, overlaps = [], []
+
+    def hold() -> None:
+        with files.exclusive_lock(tmp_path / ".lock"):
+            inside.append(1)
+            overlaps.append(len(inside))
+            threading.Event().wait(0.05)
+            inside.pop()
+
+    threads = [threading.Thread(target=hold) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert overlaps == [1, 1, 1, 1]

@@ -113,7 +113,7 @@ class RemoteWorker(Worker):
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError:
-            return super().run(job)  # a node that cannot keep states only loses the resume
+            return super().run(job, on_step=on_step)  # a node that cannot keep states only loses the resume
         # A state that cannot be written costs the resume, not the job.
         checkpoints = Checkpoints(folder / f"{job.id}.state", self.checkpoint_every, warn=lambda e: None)
         outcome = super().run(job, checkpoints, on_step)

@@ -10,21 +10,18 @@ When ONNX Runtime wins, its set is exported once into the cache folder and reuse
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import importlib.util
 import os
-import shutil
 import statistics
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from ..cpu_speed import cached_measurement, machine_key
 from ..errors import AnimaError
-from ..files import cache_dir, cached_sha256
+from ..files import cache_dir, cached_sha256, exclusive_lock, replaced_folder
 from ..vae.tiling import tiled_pixels
 from ..vae.wan import CausalConv2d, Resample, ResidualBlock, RMSNorm2d
 
@@ -143,30 +140,13 @@ def cached_vae_set(vae_path: Path, tile: int, overlap: int) -> Path | None:
         return None
     if not os.access(root, os.W_OK | os.X_OK):
         return None
-    with _locked(root / f".{folder.name}.lock"):  # one exporter at a time; the others then find its set
+    with exclusive_lock(root / f".{folder.name}.lock"):  # one exporter at a time; the others then find its set
         with contextlib.suppress(AnimaError):
             load_vae_set(folder, vae_path=vae_path, converted=False)
             return folder
         print(f"exporting the VAE decoder for ONNX Runtime once into {folder}; --vae-backend torch skips this",
               file=sys.stderr, flush=True)
-        # Written beside the cache and renamed into place whole: a killed export never leaves a folder there.
-        staging, stale = root / f".{folder.name}.staging", root / f".{folder.name}.stale"
-        for leftover in (staging, stale):  # a killed export's (only this process holds the lock)
-            shutil.rmtree(leftover, ignore_errors=True)
-        export_vae_decoder(vae_path, staging, tile, overlap, calibrate=False)
-        if folder.exists():
-            folder.rename(stale)  # damaged: load_vae_set refused it
-        staging.rename(folder)
-        shutil.rmtree(stale, ignore_errors=True)
+        with replaced_folder(folder) as staging:  # a damaged set there is replaced whole, a killed export leaves none
+            export_vae_decoder(vae_path, staging, tile, overlap, calibrate=False)
     load_vae_set(folder, vae_path=vae_path, converted=False)
     return folder
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # an empty file, only ever locked
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
