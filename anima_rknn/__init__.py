@@ -1,4 +1,4 @@
-"""Anima text-to-image on small machines. Imports are lazy so `anima_rknn.spectrum` works without torch."""
+"""Anima text-to-image on small machines. Imports are lazy so `anima_rknn.sampling.spectrum` works without torch."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 
 _EXPORTS = {
     "load_dit": "anima_rknn.model.io",
-    "AnimaPipeline": "anima_rknn.pipeline",
-    "GenerationParams": "anima_rknn.pipeline",
-    "resolve_model": "anima_rknn.model_set",
-    "Spectrum": "anima_rknn.spectrum",
+    "AnimaPipeline": "anima_rknn.generation.pipeline",
+    "GenerationParams": "anima_rknn.generation.pipeline",
+    "resolve_model": "anima_rknn.model.model_set",
+    "Spectrum": "anima_rknn.sampling.spectrum",
     "AnimaError": "anima_rknn.errors",
 }
 __all__ = list(_EXPORTS)

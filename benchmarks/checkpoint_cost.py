@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from anima_rknn.engine import make_engine
+from anima_rknn.generation.pipeline import Conditioning, GenerationParams
+from anima_rknn.generation.resume import write_state
 from anima_rknn.model.config import PRESETS
 from anima_rknn.model.io import random_dit
-from anima_rknn.pipeline import Conditioning, GenerationParams
-from anima_rknn.resume import write_state
 from anima_rknn.sampling.caches import make_cache
 from anima_rknn.sampling.euler import StepEvent
 

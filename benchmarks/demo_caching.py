@@ -19,8 +19,8 @@ import torch
 from anima_rknn.bench.metrics import psnr, ssim
 from anima_rknn.demo import demo_model_dir
 from anima_rknn.demo.evaluate import adherence, generate_images, judge, prompt_set
-from anima_rknn.model_set import from_model_dir
-from anima_rknn.pipeline import AnimaPipeline
+from anima_rknn.generation.pipeline import AnimaPipeline
+from anima_rknn.model.model_set import from_model_dir
 from anima_rknn.sampling.caches import make_cache
 
 CACHES = ("spectrum", "spectrum-plus", "reuse")

@@ -5,7 +5,7 @@ and a large square torch matmul in the bodies' dtype on the same threads, interl
 same machine load, and reports achieved FLOP/s of the pass / FLOP/s of the matmul. FLOPs are counted
 analytically (2 per multiply-add of every linear layer and attention matmul at batch 1; the elementwise work
 is not counted, so it only costs time). Best of the rounds is reported, as the machine is shared.
-`--dtype auto` takes the dtype generate would pick on this CPU (anima_rknn.cpu_speed); the matmul is always in
+`--dtype auto` takes the dtype generate would pick on this CPU (anima_rknn.core.cpu_speed); the matmul is always in
 the dtype the bodies compute in. With `--just-in-time`, a second load keeps the file's bf16 weights and casts
 them block by block as the pass runs (what generate does for fp32 bodies); its pass is timed in the same rounds
 and reported against the resident one, in wall time and in process CPU time (with --threads 1 the CPU time is
@@ -23,8 +23,8 @@ from collections.abc import Callable
 
 import torch
 
+from anima_rknn.core.cpu_speed import resolve_dtype
 from anima_rknn.model.config import DiTConfig
-from anima_rknn.cpu_speed import resolve_dtype
 from anima_rknn.model.io import load_dit
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -26,7 +26,7 @@ _BODY_LINEAR = re.compile(r"blocks\.\d+\.(self_attn|cross_attn|mlp)\.\w+$")
 
 
 def write_full_dit(path: Path) -> None:
-    from anima_rknn.checkpoint import save_tensors
+    from anima_rknn.core.tensorfile import save_tensors
     from anima_rknn.model.config import PRESETS
     from anima_rknn.model.io import expected_shapes
 
@@ -38,7 +38,7 @@ def write_full_dit(path: Path) -> None:
 
 def write_lora(path: Path) -> int:
     """A rank-32 LoRA on every attention and MLP linear of the blocks; returns how many weights it touches."""
-    from anima_rknn.checkpoint import save_tensors
+    from anima_rknn.core.tensorfile import save_tensors
     from anima_rknn.model.config import PRESETS
     from anima_rknn.model.lora import linear_shapes
 
@@ -54,9 +54,9 @@ def write_lora(path: Path) -> int:
 
 def measure(dit: str, lora: str | None, dtype: str) -> dict:
     """One case, in this (fresh) process."""
+    from anima_rknn.generation.pipeline import DTYPES
     from anima_rknn.model.io import load_dit, read_dit_config
     from anima_rknn.model.lora import LoraRef, open_loras
-    from anima_rknn.pipeline import DTYPES
 
     loras = open_loras([LoraRef(Path(lora))], read_dit_config(dit)) if lora else []
     model = load_dit(dit, DTYPES[dtype], denoise_only=True, loras=loras)

@@ -22,14 +22,14 @@ import torch
 from PIL import Image, ImageDraw
 
 from anima_rknn.bench.metrics import psnr
+from anima_rknn.core.files import save_png
 from anima_rknn.demo import demo_model_dir
+from anima_rknn.demo.tiny_set import write_model_set
 from anima_rknn.engine import make_engine
-from anima_rknn.files import save_png
+from anima_rknn.generation.pipeline import AnimaPipeline, GenerationParams
 from anima_rknn.model.io import load_dit
-from anima_rknn.model_set import from_model_dir
-from anima_rknn.pipeline import AnimaPipeline, GenerationParams
+from anima_rknn.model.model_set import from_model_dir
 from anima_rknn.sampling.euler import StepEvent
-from anima_rknn.tiny_set import write_model_set
 from anima_rknn.vae import WanVAEConfig, load_vae, random_vae
 from anima_rknn.vae.preview import (
     LatentProjection,

@@ -26,9 +26,9 @@ from anima_rknn.engine.memory_plan import loads_per_pass, parse_size, plan_memor
 from anima_rknn.errors import AnimaError
 from anima_rknn.export.onnx import export_subgraphs
 from anima_rknn.export.rknn import convert_subgraphs
+from anima_rknn.generation.pipeline import initial_noise
 from anima_rknn.model.config import PRESETS
 from anima_rknn.model.io import load_dit, random_dit, save_dit
-from anima_rknn.pipeline import initial_noise
 
 FULL = PRESETS["full"]
 

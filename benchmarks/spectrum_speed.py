@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from anima_rknn.model_set import from_model_dir
-from anima_rknn.pipeline import AnimaPipeline, GenerationParams, initial_noise
-from anima_rknn.spectrum import Spectrum
-from anima_rknn.tiny_set import write_model_set
+from anima_rknn.demo.tiny_set import write_model_set
+from anima_rknn.generation.pipeline import AnimaPipeline, GenerationParams, initial_noise
+from anima_rknn.model.model_set import from_model_dir
+from anima_rknn.sampling.spectrum import Spectrum
 
 
 def forecast_ms(steps: int, latent: np.ndarray, rounds: int = 200) -> float:

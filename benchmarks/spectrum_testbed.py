@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 
-from anima_rknn.sampling.mixture import make_testbed, relative_errors
-from anima_rknn.spectrum import SpectrumSchedule
+from anima_rknn.sampling.spectrum import SpectrumSchedule
+
+# The closed-form test bed lives with the tests that pin its numbers: it is a reference, not part of the product.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "sampling"))
+from mixture import make_testbed, relative_errors  # noqa: E402
 
 CACHES = ("reuse", "spectrum", "spectrum-plus", "auto")
 # (label, CFG scale, component std, components): the spec's four configurations plus a strong-CFG one.

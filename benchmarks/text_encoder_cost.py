@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
+from anima_rknn.demo.tiny_set import FULL_QWEN_VOCAB, TEXT_ENCODERS
 from anima_rknn.text.encoder import load_text_encoder, write_random_text_encoder
-from anima_rknn.tiny_set import FULL_QWEN_VOCAB, TEXT_ENCODERS
 
 
 def main() -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from anima_rknn.demo import demo_model_dir
+from anima_rknn.model.model_set import LAYOUT, single_safetensors
 from anima_rknn.vae.rescale import picture_latents
-from anima_rknn.model_set import LAYOUT, single_safetensors
 from anima_rknn.vae.wan import AttentionBlock, ResidualBlock, RMSNorm2d
 
 FP16_MAX = 65504.0

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from anima_rknn.model_set import ModelFiles
-from anima_rknn.tiny_set import write_model_set
+from anima_rknn.demo.tiny_set import write_model_set
+from anima_rknn.model.model_set import ModelFiles
 
 # The real Qwen3 and T5 tokenizer.json files, xz-compressed, with the 77 verified token-id vectors
 # (tests/data/tokenizers/README.md says where they come from and how they were checked).

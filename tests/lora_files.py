@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from anima_rknn.checkpoint import save_tensors
+from anima_rknn.core.tensorfile import save_tensors
 from anima_rknn.model.config import DiTConfig
 from anima_rknn.model.lora import linear_shapes
 

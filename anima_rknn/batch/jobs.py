@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..core.files import Unreadable, read_small_file
 from ..errors import AnimaError
-from ..files import Unreadable, read_small_file
+from ..generation.pipeline import MAX_SEED, RANDOM_SEED, GenerationParams
+from ..generation.resume import SETTINGS, settings_of
 from ..model.lora import prompt_loras
-from ..pipeline import MAX_SEED, RANDOM_SEED, GenerationParams
-from ..resume import SETTINGS, settings_of
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 MAX_JOBS_BYTES = 64 << 20

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..bench.run import RunCallback, Sweep
 from ..errors import AnimaError
-from ..resume import Checkpoints, default_state_path
+from ..generation.resume import Checkpoints, default_state_path
 from ..sampling.euler import StepCallback
 from .jobs import BatchJob
 from .results import Outcome

@@ -19,10 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..bench.run import Sweep
+from ..core.files import cache_dir
 from ..errors import AnimaError
-from ..files import cache_dir
-from ..model_set import ModelFiles
-from ..resume import Checkpoints
+from ..generation.resume import Checkpoints
+from ..model.model_set import ModelFiles
 from ..sampling.euler import StepCallback
 from .jobs import BatchJob
 from .local import Publish

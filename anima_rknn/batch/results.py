@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..core.files import Unreadable, json_text, output_folder, read_small_file, sha256_file, write_bytes, write_text
 from ..errors import AnimaError
-from ..files import Unreadable, json_text, output_folder, read_small_file, sha256_file, write_bytes, write_text
 from .jobs import MAX_JOBS, BatchJob
 
 if TYPE_CHECKING:

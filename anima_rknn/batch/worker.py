@@ -11,11 +11,11 @@ import time
 import torch
 
 from ..bench.run import RunCallback, SeedBench, Sweep
+from ..core.files import png_bytes
 from ..errors import AnimaError
-from ..files import png_bytes
-from ..model_set import ModelFiles
-from ..pipeline import AnimaPipeline, GenerationParams, png_parameters
-from ..resume import Checkpoints, read_state
+from ..generation.pipeline import AnimaPipeline, GenerationParams, png_parameters
+from ..generation.resume import Checkpoints, read_state
+from ..model.model_set import ModelFiles
 from ..sampling.euler import StepCallback
 from .jobs import BatchJob
 from .results import Outcome

@@ -11,7 +11,7 @@ from matplotlib.figure import Figure  # no pyplot: no global state, no display b
 from matplotlib.ticker import MaxNLocator
 from PIL import Image
 
-from ..files import atomic_path
+from ..core.files import atomic_path
 from .metrics import difference_map
 from .report import comparison_file
 from .run import BenchResult

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..files import json_text, write_text
+from ..core.files import json_text, write_text
 from . import DEFAULT_MIN_PSNR, metrics
 from .run import BASELINE, BenchResult, PolicyRuns, SeedResult
 

@@ -10,11 +10,19 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
+from ..core.memory import peak_rss
 from ..errors import AnimaError
-from ..pipeline import MAX_SEED, AnimaPipeline, Conditioning, DecodePlan, Denoised, GenerationParams, resolve_seed
+from ..generation.pipeline import (
+    MAX_SEED,
+    AnimaPipeline,
+    Conditioning,
+    DecodePlan,
+    Denoised,
+    GenerationParams,
+    resolve_seed,
+)
 from ..sampling.caches import CACHE_NAMES, make_cache
 from ..sampling.euler import StepCallback, StepEvent
-from ..memory import peak_rss
 
 BASELINE = "baseline"
 # Every run keeps its per-step x0 for the report, so the number of runs is bounded.

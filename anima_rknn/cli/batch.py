@@ -14,9 +14,9 @@ from ..batch.local import LocalRunner, Publish
 from ..batch.results import RESULTS, Outcome, Results
 from ..batch.worker import Expected, Worker
 from ..errors import AnimaError
-from ..model_set import ModelFiles, resolve
-from ..pipeline import RANDOM_SEED, AnimaPipeline, GenerationParams
-from ..resume import Interrupted
+from ..generation.pipeline import RANDOM_SEED, AnimaPipeline, GenerationParams
+from ..generation.resume import Interrupted
+from ..model.model_set import ModelFiles, resolve
 from ..sampling.euler import StepEvent
 
 if TYPE_CHECKING:

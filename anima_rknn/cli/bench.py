@@ -10,21 +10,34 @@ from typing import TYPE_CHECKING
 import click
 from tqdm import tqdm
 
-from ..bench import DEFAULT_MIN_PSNR
 from ..batch.jobs import BatchJob, one_sweep, read_jobs
 from ..batch.local import LocalRunner
 from ..batch.results import Outcome
 from ..batch.worker import Worker
+from ..bench import DEFAULT_MIN_PSNR
 from ..bench.run import MAX_REPEATS
+from ..core.files import output_folder, save_png
 from ..errors import AnimaError
-from ..files import output_folder, save_png
-from ..model_set import resolve
-from ..pipeline import AnimaPipeline, GenerationParams, GenerationResult, png_parameters
+from ..generation.pipeline import AnimaPipeline, GenerationParams, GenerationResult, png_parameters
+from ..model.model_set import resolve
 from ..sampling.euler import StepEvent
 from . import cli
 from .batch import check_jobs, ray_runner
-from .options import (FINITE, cache_options, image_size, lora_options, lora_settings, model_options, ray_options, rknn_options, rknn_settings,
-                      sampling_options, vae_backend_options, vae_options, vae_tiling)
+from .options import (
+    FINITE,
+    cache_options,
+    image_size,
+    lora_options,
+    lora_settings,
+    model_options,
+    ray_options,
+    rknn_options,
+    rknn_settings,
+    sampling_options,
+    vae_backend_options,
+    vae_options,
+    vae_tiling,
+)
 
 if TYPE_CHECKING:
     from ..bench.run import BenchResult

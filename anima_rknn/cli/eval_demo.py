@@ -6,12 +6,20 @@ from pathlib import Path
 
 import click
 
+from ..core.files import check_output_file, json_text, save_png
 from ..demo import demo_model_dir
 from ..demo.dataset import LARGE
-from ..demo.evaluate import (CONCEPTS, PROMPT_KINDS, adherence, adherence_table, contact_sheet, generate_images,
-                             judge, prompt_set)
-from ..files import check_output_file, json_text, save_png
-from ..pipeline import resolve_seed
+from ..demo.evaluate import (
+    CONCEPTS,
+    PROMPT_KINDS,
+    adherence,
+    adherence_table,
+    contact_sheet,
+    generate_images,
+    judge,
+    prompt_set,
+)
+from ..generation.pipeline import resolve_seed
 from ..sampling.caches import CACHE_NAMES
 from . import cli
 from .options import FINITE, lora_file_options, lora_settings

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..export.vae import DEFAULT_OVERLAP, DEFAULT_TILE, export_vae_decoder
-from ..model_set import part_file
+from ..model.model_set import part_file
 from . import cli
 
 

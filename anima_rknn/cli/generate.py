@@ -13,12 +13,20 @@ import click
 from click.core import ParameterSource
 from tqdm import tqdm
 
+from ..core.files import check_output_file, json_text, save_png
 from ..errors import AnimaError
-from ..files import check_output_file, json_text, save_png
-from ..model_set import resolve
-from ..pipeline import MAX_STEPS, AnimaPipeline, GenerationParams, png_parameters
-from ..resume import (SETTINGS, STATE_SUFFIX, Checkpoints, Interrupted, ResumeState, default_state_path,
-                      output_of_state, read_state)
+from ..generation.pipeline import MAX_STEPS, AnimaPipeline, GenerationParams, png_parameters
+from ..generation.resume import (
+    SETTINGS,
+    STATE_SUFFIX,
+    Checkpoints,
+    Interrupted,
+    ResumeState,
+    default_state_path,
+    output_of_state,
+    read_state,
+)
+from ..model.model_set import resolve
 from ..sampling.euler import StepCallback, StepEvent
 from ..vae.preview import PreviewWriter
 from . import cli

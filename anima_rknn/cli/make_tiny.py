@@ -4,7 +4,7 @@ from pathlib import Path
 
 import click
 
-from ..tiny_set import write_model_set
+from ..demo.tiny_set import write_model_set
 from . import cli
 
 

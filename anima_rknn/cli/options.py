@@ -8,14 +8,14 @@ from pathlib import Path
 
 import click
 
-from ..cpu_speed import AUTO, slow_dtype_warning
+from ..core.cpu_speed import AUTO, slow_dtype_warning
 from ..engine.backends.rknn import CORE_MASKS, RUNTIMES, RknnOptions
 from ..engine.memory_plan import parse_size
 from ..engine.vae_tiles import VAE_BACKENDS
+from ..generation.pipeline import DEFAULT_NEGATIVE, DTYPES, GenerationParams
 from ..model.io import trained_image_size
 from ..model.lora import LoraRef, parse_lora_option, prompt_loras
-from ..model_set import ModelFiles
-from ..pipeline import DEFAULT_NEGATIVE, DTYPES, GenerationParams
+from ..model.model_set import ModelFiles
 from ..sampling.auto_cache import AUTO_OPTIONS
 from ..sampling.caches import CACHE_NAMES, OPTION_TYPES, parse_cache_options
 

@@ -10,22 +10,22 @@ import click
 import numpy as np
 import torch
 
+from ..core.files import json_text
 from ..engine.backends.rknn import RUNTIMES, RknnBackend
 from ..engine.backends.torch import TorchBackend
 from ..engine.memory_plan import parse_size, plan_memory, plan_vae, predict_memory
 from ..engine.split import SplitEngine
+from ..engine.verify_vae import DEFAULT_MIN_PSNR, verify_vae_set
 from ..errors import AnimaError
-from ..files import json_text
-from ..export.onnx import token_count
 from ..export.manifest import read_manifest, set_kind
+from ..export.onnx import token_count
 from ..export.rknn import convert_subgraphs, read_converted_manifest
 from ..export.vae import check_image_fits
-from ..export.verify_vae import DEFAULT_MIN_PSNR, verify_vae_set
+from ..generation.pipeline import AnimaPipeline, initial_noise
 from ..model.config import PRESETS
 from ..model.dit import AnimaDiT
 from ..model.io import load_dit
-from ..model_set import resolve
-from ..pipeline import AnimaPipeline, initial_noise
+from ..model.model_set import resolve
 from . import cli
 from .options import FINITE, model_options
 

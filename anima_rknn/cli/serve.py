@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 
-from ..cpu_speed import resolve_dtype
-from ..errors import AnimaError
-from ..model_set import resolve
+from ..core.cpu_speed import resolve_dtype
 from ..engine.vae_auto import choose_vae_backend
-from ..pipeline import MAX_SIDE, MAX_STEPS, AnimaPipeline, GenerationParams
+from ..errors import AnimaError
+from ..generation.pipeline import MAX_SIDE, MAX_STEPS, AnimaPipeline, GenerationParams
+from ..model.model_set import resolve
 from ..sampling.caches import CACHE_NAMES
 from . import cli
 from .options import dtype_option, lora_dir_option, model_options, rknn_options, rknn_settings

@@ -19,9 +19,9 @@ from PIL import Image, ImageDraw, ImageFont
 from tqdm import tqdm
 
 from ..errors import AnimaError
+from ..generation.pipeline import AnimaPipeline, GenerationParams
 from ..model.lora import LoraRef
-from ..model_set import from_model_dir
-from ..pipeline import AnimaPipeline, GenerationParams
+from ..model.model_set import from_model_dir
 from . import dataset
 from .dataset import ShapeSpec
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import load_tensors, read_metadata, read_shapes, save_tensors
+from ..core.files import Unreadable, is_temporary, json_text, read_small_json
+from ..core.tensorfile import load_tensors, read_metadata, read_shapes, save_tensors
 from ..errors import AnimaError
-from ..files import Unreadable, is_temporary, json_text, read_small_json
 
 WORK_FOLDER = ".train"
 CONFIG_FILE = "config.json"

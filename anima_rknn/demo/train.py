@@ -23,22 +23,22 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..checkpoint import load_tensors, read_metadata, save_tensors
+from ..core.files import output_folder, write_json
+from ..core.tensorfile import load_tensors, read_metadata, save_tensors
 from ..errors import AnimaError
-from ..files import output_folder, write_json
+from ..generation.pipeline import DEFAULT_NEGATIVE
 from ..model.config import DiTConfig
 from ..model.dit import AnimaDiT
 from ..model.io import save_dit
-from ..model_set import LAYOUT, ModelFiles, from_model_dir
-from ..pipeline import DEFAULT_NEGATIVE
+from ..model.model_set import LAYOUT, ModelFiles, from_model_dir
 from ..sampling.schedule import shift_sigma
 from ..text import PromptTokenizer, build_word_tokenizers, load_text_encoder, write_random_text_encoder
-from ..tiny_set import WORDS
 from ..vae import WanVAE, WanVAEConfig, save_vae
 from ..vae.preview import store_projection
 from . import dataset
 from . import state as train_state
 from .state import StageState
+from .tiny_set import WORDS
 
 CHECKPOINT_EVERY_S = 60.0
 LOG_WINDOW = 50  # steps averaged for the loss shown and logged

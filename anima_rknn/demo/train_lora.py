@@ -22,18 +22,32 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from ..checkpoint import save_tensors
+from ..core.files import check_output_file, write_json
+from ..core.tensorfile import save_tensors
 from ..errors import AnimaError
-from ..files import check_output_file, write_json
 from ..model.io import load_dit
 from ..model.lora import kohya_tensors, linear_shapes
-from ..model_set import ModelFiles, from_model_dir
+from ..model.model_set import ModelFiles, from_model_dir
 from ..vae import load_vae
 from . import dataset, demo_model_dir
 from . import state as train_state
+
 # train-demo's config rules and learning-rate schedule, shared rather than repeated
-from .train import (_SIZE, CaptionBank, Noised, Stage, StageResult, _build, _learning_rate, _Range, check_resume,
-                    latent_pool, optimizer_step, training_caption, training_captions)
+from .train import (
+    _SIZE,
+    CaptionBank,
+    Noised,
+    Stage,
+    StageResult,
+    _build,
+    _learning_rate,
+    _Range,
+    check_resume,
+    latent_pool,
+    optimizer_step,
+    training_caption,
+    training_captions,
+)
 
 # Attention and MLP linears of the DiT blocks and of the adapter's blocks (not AdaLN, embedders, final layer).
 TARGETS = re.compile(r"(llm_adapter\.)?blocks\.\d+\.(self_attn|cross_attn|mlp)\..+")

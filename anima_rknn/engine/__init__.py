@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AnimaError
+from ..export.onnx import load_manifest
+from ..export.rknn import read_converted_manifest
 from ..model.config import DiTConfig
 from ..model.dit import AnimaDiT
 from .backends.onnx import OnnxBackend
@@ -32,10 +34,6 @@ def subgraph_manifest(config: DiTConfig, subgraphs: Path | None, backend: str, d
     set). Cheap to repeat: file hashes are cached per file version."""
     if backend == "torch":
         return None
-    # imported here: export.onnx imports engine.backends (a cycle at import time)
-    from ..export.onnx import load_manifest
-    from ..export.rknn import read_converted_manifest
-
     if subgraphs is None:
         raise AnimaError(f"the {backend} backend needs an exported subgraph folder (--subgraphs DIR)")
     read = read_converted_manifest if backend == "rknn" else load_manifest

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import AnimaError
-from .backends.base import SUBGRAPH_KINDS
+from ..export.manifest import SUBGRAPH_KINDS
 
 # Activation buffers measured on the RK3588 at full Anima width (spec: rknn.md), scaled linearly from here.
 MEASURED_TOKENS = 4096

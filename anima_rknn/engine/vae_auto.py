@@ -19,9 +19,11 @@ from pathlib import Path
 
 import torch
 
-from ..cpu_speed import cached_measurement, machine_key
+from ..core.cpu_speed import cached_measurement, machine_key
+from ..core.files import cache_dir, cached_sha256, exclusive_lock, replaced_folder
 from ..errors import AnimaError
-from ..files import cache_dir, cached_sha256, exclusive_lock, replaced_folder
+from ..export.onnx import export_graph
+from ..export.vae import export_vae_decoder, load_vae_set
 from ..vae.tiling import tiled_pixels
 from ..vae.wan import CausalConv2d, Resample, ResidualBlock, RMSNorm2d
 
@@ -63,8 +65,6 @@ def measure_ratio() -> float:
     """ONNX Runtime's time over torch's for the probe stack, same threads: the median of a few rounds' ratios,
     each round timing both back to back (in turns first), so a burst of load elsewhere spoils one round at most."""
     import onnxruntime
-
-    from ..export.onnx import export_graph  # here: export imports engine.backends
 
     stack = _probe_stack()
     graph = export_graph(stack, {"x": list(_PROBE_INPUT)}, torch.float32)
@@ -127,8 +127,6 @@ def choose_vae_backend(vae_path: Path, width: int, height: int, tile: int, overl
 def cached_vae_set(vae_path: Path, tile: int, overlap: int) -> Path | None:
     """The ONNX set of this VAE file for `tile`-px tiles in the cache folder, exported the first time (one line
     on stderr) and again when damaged; None when the cache folder cannot be written."""
-    from ..export.vae import export_vae_decoder, load_vae_set  # here: export imports engine.backends
-
     root = cache_dir() / "vae-onnx"
     folder = root / f"{cached_sha256(vae_path)[:16]}-{tile}-{overlap}"
     with contextlib.suppress(AnimaError):

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..cpu_speed import AUTO
+from ..core.cpu_speed import AUTO
 from ..errors import AnimaError
+from ..export.vae import check_image_fits, load_vae_set
 from .backends.base import Backend
 from .backends.onnx import OnnxBackend
 from .backends.rknn import RknnBackend, RknnOptions
@@ -53,8 +54,6 @@ def vae_set_manifest(vae_backend: str, vae_subgraphs: Path | None, vae_path: Pat
         return None
     if vae_subgraphs is None:
         raise AnimaError(f"the {vae_backend} VAE backend needs an exported VAE set (--vae-subgraphs DIR)")
-    from ..export.vae import check_image_fits, load_vae_set  # here: export imports engine.backends
-
     manifest = load_vae_set(Path(vae_subgraphs), vae_path=vae_path, converted=vae_backend == "rknn")
     check_image_fits(manifest, width, height)
     return manifest

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ..core.files import Unreadable, cached_sha256, is_temporary, output_folder, read_small_json
 from ..errors import AnimaError
-from ..files import Unreadable, cached_sha256, is_temporary, output_folder, read_small_json
 from ..model.lora import MAX_LORAS
 from ..model.lora import MAX_SCALE as MAX_LORA_SCALE
 
@@ -30,6 +30,8 @@ VAE_DECODER_KIND = "vae_decoder"
 MAX_Z_DIM = 1024
 MAX_STREAM = 1e30  # a decoder's activations: far past fp32's useful range for images
 MANIFEST = "manifest.json"
+# A DiT set's 3 * blocks subgraphs in execution order: index i is block i // 3, part SUBGRAPH_KINDS[i % 3].
+SUBGRAPH_KINDS = ("self_attn", "cross_attn", "mlp")
 SUBGRAPH_DTYPES = ("float32", "float16")
 MAX_SIDE = 8192  # pixels
 MAX_CONTEXT_TOKENS = 65536
@@ -40,6 +42,11 @@ MAX_JSON_BYTES = 1 << 20  # a full set's manifest is about 100 KB
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _TOKEN = re.compile(r"[0-9A-Za-z._+-]{1,40}")  # target platform, toolkit version
 _SUBGRAPH_FILE = re.compile(r"b\d\d_(self_attn|cross_attn|mlp)\.(onnx|rknn)")
+
+
+def subgraph_name(index: int) -> str:
+    """Subgraph `index`'s file name in a set, without the suffix: b07_cross_attn."""
+    return f"b{index // 3:02d}_{SUBGRAPH_KINDS[index % 3]}"
 
 
 @dataclass(frozen=True)
@@ -231,8 +238,6 @@ def _tensors(value: Any, at: Field, shapes: Mapping[str, list[int]], dtype: str)
 
 
 def _check_subgraph(value: Any, at: Field, index: int, dims: Mapping[str, int], dtype: str) -> None:
-    from ..engine.backends.base import SUBGRAPH_KINDS  # here: engine.backends imports this module
-
     entry = _object(value, at)
     kind = SUBGRAPH_KINDS[index % 3]
     _field(entry, at, "index", _equal, index)

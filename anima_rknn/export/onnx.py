@@ -11,22 +11,22 @@ from __future__ import annotations
 
 import io
 import warnings
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
 
-from ..engine.backends.base import SUBGRAPH_KINDS, subgraph_name
+from ..core.files import atomic_path, cached_sha256, sha256_file, write_json
 from ..errors import AnimaError
-from ..files import atomic_path, cached_sha256, sha256_file, write_json
 from ..model.config import DiTConfig
 from ..model.io import load_dit, read_dit_config
 from ..model.lora import LoraRef, open_loras
 from .manifest import (
     MANIFEST,
     MAX_SIDE,
+    SUBGRAPH_KINDS,
     SUBGRAPHS_FORMAT,
     check_file,
     check_set,
@@ -34,6 +34,7 @@ from .manifest import (
     input_shapes,
     open_set_folder,
     read_manifest,
+    subgraph_name,
 )
 
 if TYPE_CHECKING:

@@ -23,8 +23,8 @@ from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
+from ..core.files import atomic_path, cached_sha256, link_or_copy, sha256_file, write_json
 from ..errors import AnimaError
-from ..files import atomic_path, cached_sha256, link_or_copy, sha256_file, write_json
 from .manifest import (
     MANIFEST,
     check_file,

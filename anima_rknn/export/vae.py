@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from ..core.files import cached_sha256, write_json
 from ..errors import AnimaError
-from ..files import cached_sha256, write_json
 from ..vae import load_vae, read_vae_config
 from ..vae.rescale import picture_latents, rescale_stream, stream_peak, stream_scale
 from ..vae.wan import WanVAEConfig

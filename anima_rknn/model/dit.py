@@ -25,7 +25,6 @@ from .adapter import LLMAdapter
 from .config import DiTConfig
 from .layers import RMSNorm, apply_rope, attention, rope_tables, timestep_sinusoid
 
-
 CastBuffers = dict  # (body kind, parameter name, shape, dtype) -> a reused tensor
 
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..checkpoint import Header, check_shapes, load_tensors, read_header, save_tensors
+from ..core.tensorfile import Header, check_shapes, load_tensors, read_header, save_tensors
 from ..errors import AnimaError
 from .adapter import LLMAdapter
 from .config import CONTEXT_TOKENS, DiTConfig, infer_dit_config

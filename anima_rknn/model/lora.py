@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..checkpoint import fingerprint, load_tensors, read_header
+from ..core.files import cached_sha256
+from ..core.tensorfile import fingerprint, load_tensors, read_header
 from ..errors import AnimaError
-from ..files import cached_sha256
 from .config import DiTConfig
 from .dit import AnimaDiT
 

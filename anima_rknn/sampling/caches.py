@@ -8,8 +8,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import AnimaError
-from ..spectrum import Spectrum, SpectrumSchedule
 from .auto_cache import AUTO_OPTIONS, AutoCache
+from .spectrum import Spectrum, SpectrumSchedule
 
 CACHE_NAMES = ("none", "spectrum", "spectrum-plus", "reuse", "auto")
 

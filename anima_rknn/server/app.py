@@ -22,8 +22,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from PIL import Image
 
 from ..errors import AnimaError
+from ..generation.pipeline import GenerationParams, png_parameters
 from ..model.lora import LoraRef, named_lora, prompt_loras
-from ..pipeline import GenerationParams, png_parameters
 from ..sampling.caches import CACHE_NAMES
 from .compare import NotReady, difference_png, measure, twin_of
 from .jobs import FINISHED, Job, JobQueue, QueueFull

@@ -15,8 +15,8 @@ from PIL import Image
 
 from ..bench.metrics import difference_map, psnr, ssim
 from ..errors import AnimaError
-from ..pipeline import GenerationParams
-from ..resume import SETTINGS
+from ..generation.pipeline import GenerationParams
+from ..generation.resume import SETTINGS
 from .jobs import Job, JobQueue
 
 GIVEN_UP = ("failed", "cancelled")

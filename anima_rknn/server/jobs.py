@@ -19,10 +19,10 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from ..core.files import output_folder, save_png
 from ..errors import AnimaError
-from ..files import output_folder, save_png
-from ..pipeline import AnimaPipeline, GenerationParams, png_parameters
-from ..resume import Checkpoints, Interrupted, read_state, settings_of
+from ..generation.pipeline import AnimaPipeline, GenerationParams, png_parameters
+from ..generation.resume import Checkpoints, Interrupted, read_state, settings_of
 from ..sampling.euler import StepEvent
 from ..vae.preview import projection_for
 

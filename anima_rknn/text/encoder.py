@@ -10,9 +10,9 @@ import safetensors.torch
 import torch
 from transformers import Qwen3Config, Qwen3Model
 
-from ..checkpoint import load_tensors, read_shapes
+from ..core.files import atomic_path
+from ..core.tensorfile import load_tensors, read_shapes
 from ..errors import AnimaError
-from ..files import atomic_path
 
 FILE_PREFIX = "model."  # Qwen3ForCausalLM layout, as in text_encoders/qwen_3_06b_base.safetensors
 IGNORED_PREFIX = "lm_head."  # tied to the embedding; not needed for hidden states

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
+from ..core.files import Unreadable, atomic_path, read_small_file
 from ..errors import AnimaError
-from ..files import Unreadable, atomic_path, read_small_file
 from .prompt import parse_prompt_weights
 
 QWEN_EMPTY_TOKEN = "<|endoftext|>"

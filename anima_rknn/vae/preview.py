@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from ..checkpoint import fingerprint, read_shapes
+from ..core.files import Unreadable, read_small_json, save_png, write_json
+from ..core.tensorfile import fingerprint, read_shapes
 from ..errors import AnimaError
-from ..files import Unreadable, read_small_json, save_png, write_json
 from .tiling import decode_tiled
 from .wan import WanVAE, WanVAEConfig, load_vae, read_vae_config
 

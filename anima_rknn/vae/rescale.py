@@ -17,7 +17,7 @@ import os
 import torch
 from torch import Tensor
 
-from ..checkpoint import read_shapes
+from ..core.tensorfile import read_shapes
 from .preview import fit_latents, varied_images
 from .wan import AttentionBlock, Resample, ResidualBlock, WanVAE, load_vae
 

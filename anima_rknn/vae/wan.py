@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from ..checkpoint import Header, load_tensors, read_header
+from ..core.files import atomic_path
+from ..core.tensorfile import Header, load_tensors, read_header
 from ..errors import AnimaError
-from ..files import atomic_path
 
 WAN21_LATENTS_MEAN = (
     -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,

@@ -8,7 +8,7 @@ import pytest
 
 from anima_rknn.batch.jobs import job_id, name_jobs, parse_seeds, read_jobs
 from anima_rknn.errors import AnimaError
-from anima_rknn.pipeline import GenerationParams
+from anima_rknn.generation.pipeline import GenerationParams
 
 DEFAULTS = GenerationParams(prompt="", width=64, height=64, steps=4, seed=7)
 

@@ -12,8 +12,8 @@ from anima_rknn.batch.local import LocalRunner
 from anima_rknn.batch.results import RESULTS, Results
 from anima_rknn.batch.worker import Worker
 from anima_rknn.errors import AnimaError
-from anima_rknn.pipeline import AnimaPipeline, GenerationParams
-from anima_rknn.resume import Interrupted
+from anima_rknn.generation.pipeline import AnimaPipeline, GenerationParams
+from anima_rknn.generation.resume import Interrupted
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

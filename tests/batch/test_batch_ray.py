@@ -15,9 +15,9 @@ from anima_rknn.batch.local import LocalRunner  # noqa: E402
 from anima_rknn.batch.ray_runner import LOCAL, RayRunner, parse_resources, slots  # noqa: E402
 from anima_rknn.batch.results import RESULTS, Results  # noqa: E402
 from anima_rknn.batch.worker import Worker  # noqa: E402
+from anima_rknn.demo.tiny_set import write_model_set  # noqa: E402
 from anima_rknn.errors import AnimaError  # noqa: E402
-from anima_rknn.pipeline import AnimaPipeline, GenerationParams  # noqa: E402
-from anima_rknn.tiny_set import write_model_set  # noqa: E402
+from anima_rknn.generation.pipeline import AnimaPipeline, GenerationParams  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CPUS = 2

@@ -6,7 +6,7 @@ import torch
 
 from anima_rknn.bench.run import parse_cache_list, parse_seed_list, run_bench
 from anima_rknn.errors import AnimaError
-from anima_rknn.pipeline import AnimaPipeline, GenerationParams
+from anima_rknn.generation.pipeline import AnimaPipeline, GenerationParams
 
 PARAMS = GenerationParams(prompt="a red circle", width=32, height=32, steps=20, seed=5)
 

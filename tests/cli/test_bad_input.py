@@ -22,7 +22,7 @@ import pytest
 import torch
 from PIL import Image
 
-from anima_rknn.checkpoint import load_tensors, save_tensors
+from anima_rknn.core.tensorfile import load_tensors, save_tensors
 
 FAST = ("-W", "64", "-H", "64", "--steps", "2")
 USAGE = 2  # click's exit code for a value its type refuses

@@ -8,9 +8,9 @@ import struct
 
 import pytest
 import torch
-
-from anima_rknn.checkpoint import load_tensors, read_metadata, save_tensors
 from crafted_files import edited, planted_pickle
+
+from anima_rknn.core.tensorfile import load_tensors, read_metadata, save_tensors
 
 FAST = ("-p", "a red circle", "-W", "64", "-H", "64", "--steps", "1")
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from anima_rknn.core.files import sha256_file, write_json
 from anima_rknn.demo.state import CONFIG_FILE, DIT_STATE, LATENTS, VAE_STATE, WORK_FOLDER
 from anima_rknn.demo.train import DemoConfig
-from anima_rknn.files import sha256_file, write_json
 
 STEPS = ("--vae-steps", "1", "--dit-steps", "1")  # never reached: every run here is refused before training
 

@@ -4,7 +4,7 @@ import json
 
 from test_cpu_speed import write_cache
 
-from anima_rknn import cpu_speed
+from anima_rknn.core import cpu_speed
 
 
 def test_an_explicit_slow_dtype_runs_with_one_warning_line(tmp_path, monkeypatch, run_cli, model_dir):

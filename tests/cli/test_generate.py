@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from anima_rknn.checkpoint import load_tensors, save_tensors
+from anima_rknn.core.tensorfile import load_tensors, save_tensors
 
 FAST = ("--width", "64", "--height", "64", "--steps", "4")
 

@@ -4,11 +4,11 @@ import json
 
 import numpy as np
 import pytest
+from lora_files import comfy, kohya, random_pairs, write_lora
 from PIL import Image
 
 from anima_rknn.bench.metrics import psnr
 from anima_rknn.model.io import read_dit_config
-from lora_files import comfy, kohya, random_pairs, write_lora
 
 FAST = ("--steps", "3", "--width", "32", "--height", "32", "--seed", "7")
 

@@ -2,10 +2,10 @@
 
 import pytest
 
-from anima_rknn.checkpoint import read_shapes
+from anima_rknn.core.tensorfile import read_shapes
+from anima_rknn.demo.tiny_set import write_model_set
 from anima_rknn.errors import AnimaError
-from anima_rknn.model_set import from_model_dir
-from anima_rknn.tiny_set import write_model_set
+from anima_rknn.model.model_set import from_model_dir
 
 
 def test_make_tiny_writes_the_layout(run_cli, tmp_path):

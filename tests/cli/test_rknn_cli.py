@@ -16,9 +16,9 @@ import pytest
 from PIL import Image
 
 from anima_rknn.cli.rknn import agreement
+from anima_rknn.core.files import sha256_file
 from anima_rknn.export.manifest import read_manifest
 from anima_rknn.export.rknn import TOOLKIT_MISSING
-from anima_rknn.files import sha256_file
 
 HAS_TOOLKIT = importlib.util.find_spec("rknn") is not None
 needs_toolkit = pytest.mark.skipif(not HAS_TOOLKIT, reason="rknn-toolkit2 lives in .venv-rknn")

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from anima_rknn import cpu_speed
-from anima_rknn.files import cache_dir, cached_sha256
+from anima_rknn.core import cpu_speed
+from anima_rknn.core.files import cache_dir, cached_sha256
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")

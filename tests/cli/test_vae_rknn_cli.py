@@ -101,9 +101,9 @@ def test_a_stream_past_fp16s_range_is_nan_on_the_npu_unless_rescaled(tiny_set, t
     """The measurement behind vae.rescale: the same loud decoder exported as it is and rescaled."""
     import torch
 
+    from anima_rknn.engine.verify_vae import verify_vae_set
     from anima_rknn.export.rknn import convert_subgraphs
     from anima_rknn.export.vae import export_vae_decoder
-    from anima_rknn.export.verify_vae import verify_vae_set
     from anima_rknn.vae import load_vae, save_vae
 
     loud = load_vae(tiny_set.vae, decode_only=False)

@@ -9,13 +9,13 @@ import json
 import numpy as np
 import torch
 
-from anima_rknn.checkpoint import read_metadata
+from anima_rknn.core.tensorfile import read_metadata
 from anima_rknn.demo import DEMO_MODEL, dataset, demo_model_dir
 from anima_rknn.demo.evaluate import adherence, generate_images, judge, prompt_set, read_image
+from anima_rknn.generation.pipeline import AnimaPipeline
 from anima_rknn.model.io import read_dit_config
 from anima_rknn.model.lora import LoraRef, open_lora
-from anima_rknn.model_set import from_model_dir
-from anima_rknn.pipeline import AnimaPipeline
+from anima_rknn.model.model_set import from_model_dir
 from anima_rknn.text import PromptTokenizer
 
 SHIPPED = DEMO_MODEL / "loras" / "large-shapes.safetensors"

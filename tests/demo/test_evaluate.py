@@ -11,10 +11,17 @@ import torch
 from anima_rknn.bench.metrics import psnr, ssim
 from anima_rknn.demo import dataset, demo_model_dir
 from anima_rknn.demo.dataset import ShapeSpec
-from anima_rknn.demo.evaluate import (adherence, adherence_table, contact_sheet, generate_images, judge,
-                                      prompt_set, read_image)
-from anima_rknn.model_set import from_model_dir
-from anima_rknn.pipeline import AnimaPipeline
+from anima_rknn.demo.evaluate import (
+    adherence,
+    adherence_table,
+    contact_sheet,
+    generate_images,
+    judge,
+    prompt_set,
+    read_image,
+)
+from anima_rknn.generation.pipeline import AnimaPipeline
+from anima_rknn.model.model_set import from_model_dir
 from anima_rknn.vae import load_vae
 
 # Measured on the shipped model (24 prompts, 20 steps, CFG 4, seeds 1000..1023): background 100%, shape colour

@@ -8,11 +8,11 @@ import json
 
 import torch
 
-from anima_rknn.checkpoint import read_metadata
+from anima_rknn.core.tensorfile import read_metadata
 from anima_rknn.demo.train import CaptionBank, DemoConfig
+from anima_rknn.generation.pipeline import AnimaPipeline
 from anima_rknn.model.io import load_dit
-from anima_rknn.model_set import from_model_dir
-from anima_rknn.pipeline import AnimaPipeline
+from anima_rknn.model.model_set import from_model_dir
 from anima_rknn.vae import load_vae
 
 

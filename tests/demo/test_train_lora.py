@@ -10,14 +10,14 @@ import json
 import pytest
 import torch
 
-from anima_rknn.checkpoint import load_tensors, read_metadata, save_tensors
+from anima_rknn.core.tensorfile import load_tensors, read_metadata, save_tensors
 from anima_rknn.demo import demo_model_dir, train, train_lora
 from anima_rknn.demo.state import CONFIG_FILE, LORA_STATE, PROGRESS_KEY
 from anima_rknn.demo.train_lora import LoraTrainConfig, add_lora, target_modules, train_demo_lora, work_folder
 from anima_rknn.errors import AnimaError
 from anima_rknn.model.io import load_dit
 from anima_rknn.model.lora import LoraRef, kohya_tensors, open_lora
-from anima_rknn.model_set import from_model_dir
+from anima_rknn.model.model_set import from_model_dir
 
 TINY = LoraTrainConfig(steps=6, rank=2, batch=4, latent_pool=8, warmup_steps=2, lr=1e-2)
 

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from anima_rknn.checkpoint import load_tensors, read_metadata, save_tensors
+from anima_rknn.core.tensorfile import load_tensors, read_metadata, save_tensors
 from anima_rknn.demo import train
 from anima_rknn.demo.state import CONFIG_FILE, DIT_STATE, LATENTS, PROGRESS_KEY, VAE_STATE, WORK_FOLDER
 from anima_rknn.demo.train import CaptionBank, train_demo, train_dit, train_vae, training_captions
 from anima_rknn.errors import AnimaError
 from anima_rknn.model.io import load_dit
-from anima_rknn.model_set import from_model_dir
+from anima_rknn.model.model_set import from_model_dir
 from anima_rknn.vae import load_vae
 
 # ---- resumption -------------------------------------------------------------------------------------------

@@ -20,8 +20,8 @@ from anima_rknn.engine.backends.rknn import RknnBackend, board_platform, check_b
 from anima_rknn.engine.memory_plan import plan_memory
 from anima_rknn.errors import AnimaError
 from anima_rknn.export.manifest import read_manifest
+from anima_rknn.generation.pipeline import AnimaPipeline, initial_noise
 from anima_rknn.model.io import load_dit
-from anima_rknn.pipeline import AnimaPipeline, initial_noise
 
 WIDTH = HEIGHT = 64  # 16 tokens
 COUNT = 6  # the tiny DiT has 2 blocks, 3 subgraphs each

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from anima_rknn import cpu_speed
+from anima_rknn.core import cpu_speed
+from anima_rknn.core.files import cache_dir
 from anima_rknn.engine import vae_auto
-from anima_rknn.files import cache_dir
 from anima_rknn.engine.vae_auto import MARGIN, choose_vae_backend, onnx_is_faster
 
 pytest.importorskip("onnxruntime")
@@ -124,7 +124,7 @@ def test_the_machine_key_holds_the_threads_and_the_runtimes_version():
 ])
 def test_prepare_plans_the_decode_on_the_faster_backend(fresh_cache, tiny_set, ratio, tiling, tile, backend):
     """prepare() resolves auto into a concrete plan (tile and backend) that generate and bench decode with."""
-    from anima_rknn.pipeline import AnimaPipeline, GenerationParams
+    from anima_rknn.generation.pipeline import AnimaPipeline, GenerationParams
 
     write_probe(ratio)
     pipeline = AnimaPipeline(tiny_set)

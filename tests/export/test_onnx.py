@@ -17,13 +17,13 @@ pytest.importorskip("onnxscript")
 
 from anima_rknn.cli import cli  # noqa: E402
 from anima_rknn.cli import export_onnx as _command  # noqa: E402, F401  (registers export-onnx)
+from anima_rknn.core.files import is_temporary  # noqa: E402
 from anima_rknn.demo import demo_model_dir  # noqa: E402
 from anima_rknn.errors import AnimaError  # noqa: E402
 from anima_rknn.export.onnx import export_subgraphs, load_manifest  # noqa: E402
 from anima_rknn.model.config import PRESETS  # noqa: E402
-from anima_rknn.files import is_temporary  # noqa: E402
 from anima_rknn.model.io import random_dit, save_dit  # noqa: E402
-from anima_rknn.model_set import LAYOUT  # noqa: E402
+from anima_rknn.model.model_set import LAYOUT  # noqa: E402
 
 CONFIG = PRESETS["tiny"]
 # rknn.md: ops the RKNN converter lacks.

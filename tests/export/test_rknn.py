@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from anima_rknn.core.files import sha256_file
 from anima_rknn.errors import AnimaError
 from anima_rknn.export.rknn import TOOLKIT_MISSING, convert_subgraphs
-from anima_rknn.files import sha256_file
 
 HAS_TOOLKIT = importlib.util.find_spec("rknn") is not None
 needs_toolkit = pytest.mark.skipif(not HAS_TOOLKIT, reason="rknn-toolkit2 lives in .venv-rknn")

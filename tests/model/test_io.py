@@ -3,11 +3,18 @@
 import pytest
 import torch
 
-from anima_rknn.checkpoint import load_tensors, read_metadata, save_tensors
+from anima_rknn.core.tensorfile import load_tensors, read_metadata, save_tensors
 from anima_rknn.errors import AnimaError
 from anima_rknn.model.config import PRESETS
-from anima_rknn.model.io import (CONTEXT_TOKENS_KEY, IMAGE_SIZE_KEY, load_dit, random_dit, read_dit_config, save_dit,
-                                 trained_image_size)
+from anima_rknn.model.io import (
+    CONTEXT_TOKENS_KEY,
+    IMAGE_SIZE_KEY,
+    load_dit,
+    random_dit,
+    read_dit_config,
+    save_dit,
+    trained_image_size,
+)
 
 
 @pytest.fixture(scope="module")

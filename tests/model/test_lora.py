@@ -12,10 +12,10 @@ from anima_rknn.model.lora import LoraRef, linear_shapes, open_lora, parse_lora_
 
 diffusers = pytest.importorskip("diffusers")
 pytest.importorskip("peft")
+import lora_files  # noqa: E402
 from diffusers.loaders import AnimaLoraLoaderMixin  # noqa: E402
 from diffusers.loaders.lora_conversion_utils import _convert_non_diffusers_anima_lora_to_diffusers  # noqa: E402
 from diffusers_reference import diffusers_dit  # noqa: E402
-import lora_files  # noqa: E402
 from lora_files import RANK, comfy, kohya, write_lora  # noqa: E402
 
 CONFIG = PRESETS["tiny"]

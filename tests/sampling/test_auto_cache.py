@@ -6,11 +6,11 @@ import json
 
 import numpy as np
 import pytest
+from mixture import cfg_denoiser, initial_noise, make_testbed
 
 from anima_rknn.errors import AnimaError
 from anima_rknn.sampling.caches import make_cache, parse_cache_options
 from anima_rknn.sampling.euler import sample_euler
-from anima_rknn.sampling.mixture import cfg_denoiser, initial_noise, make_testbed
 from anima_rknn.sampling.schedule import flow_sigmas
 
 

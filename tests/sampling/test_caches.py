@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
+from mixture import make_testbed, relative_errors
 
 from anima_rknn.errors import AnimaError
 from anima_rknn.sampling.caches import CACHE_NAMES, make_cache, parse_cache_options
-from anima_rknn.sampling.mixture import make_testbed, relative_errors
 from anima_rknn.sampling.schedule import flow_sigmas
 
 
@@ -140,7 +140,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from anima_rknn.sampling.caches import OPTION_TYPES  # noqa: E402
-from anima_rknn.spectrum import MAX_DEGREE  # noqa: E402
+from anima_rknn.sampling.spectrum import MAX_DEGREE  # noqa: E402
 
 _VALUES = st.sampled_from(["nan", "inf", "-inf", "1e999", "-1", "0", "1", "2.5", "99999999999999999999", "true",
                            "no", "steps", "fixed50", "half", "fractional", "", " ", "=", "0x10", "1_000"])

@@ -2,11 +2,11 @@ import copy
 
 import numpy as np
 import pytest
+from mixture import cfg_denoiser, initial_noise, make_testbed
 
 from anima_rknn.errors import AnimaError
 from anima_rknn.sampling.caches import CACHE_NAMES, make_cache
 from anima_rknn.sampling.euler import sample_euler
-from anima_rknn.sampling.mixture import cfg_denoiser, initial_noise, make_testbed
 from anima_rknn.sampling.schedule import flow_sigmas
 
 

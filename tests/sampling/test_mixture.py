@@ -1,11 +1,10 @@
 import numpy as np
 import pytest
+from mixture import GaussianMixture, cfg_denoiser, initial_noise, make_testbed, relative_errors
 
 from anima_rknn.errors import AnimaError
 from anima_rknn.sampling.caches import make_cache
 from anima_rknn.sampling.euler import sample_euler
-from anima_rknn.sampling.mixture import (GaussianMixture, cfg_denoiser, initial_noise, make_testbed,
-                                         relative_errors)
 from anima_rknn.sampling.schedule import flow_sigmas
 
 

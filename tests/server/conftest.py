@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from anima_rknn.pipeline import AnimaPipeline
+from anima_rknn.generation.pipeline import AnimaPipeline
 from anima_rknn.server.jobs import JobQueue
 
 

@@ -254,7 +254,7 @@ def test_fifty_concurrent_mixed_requests_are_each_answered_once(server):
     bounded and the server still works afterwards."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from anima_rknn.memory import status_bytes
+    from anima_rknn.core.memory import status_bytes
 
     url, queue = server
     kinds = [("/api/jobs", {"prompt": "a cat", **SMALL}), ("/sdapi/v1/txt2img", {"prompt": "a dog", **SMALL}),

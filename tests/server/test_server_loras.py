@@ -4,10 +4,10 @@ by path; what is not in the folder is a 400 with one line."""
 from __future__ import annotations
 
 import pytest
-
-from anima_rknn.model.io import read_dit_config
 from lora_files import comfy, random_pairs, write_lora
 from test_server import SMALL, call, running
+
+from anima_rknn.model.io import read_dit_config
 
 webuiapi = pytest.importorskip("webuiapi")
 

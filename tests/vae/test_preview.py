@@ -14,17 +14,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from crafted_files import write
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
 from anima_rknn.bench.metrics import psnr
-from anima_rknn.checkpoint import read_metadata
+from anima_rknn.core.files import is_temporary
+from anima_rknn.core.tensorfile import read_metadata
 from anima_rknn.demo import demo_model_dir
 from anima_rknn.demo.train import META_PREFIX, DemoConfig, store_preview_projection
 from anima_rknn.errors import AnimaError
-from anima_rknn.files import is_temporary
-from anima_rknn.model_set import from_model_dir
-from anima_rknn.pipeline import AnimaPipeline, GenerationParams
+from anima_rknn.generation.pipeline import AnimaPipeline, GenerationParams
+from anima_rknn.model.model_set import from_model_dir
 from anima_rknn.vae import WanVAEConfig, decode_tiled, file_shapes, load_vae, save_vae
 from anima_rknn.vae.preview import (
     MAX_PREVIEW_BYTES,
@@ -40,7 +41,6 @@ from anima_rknn.vae.preview import (
     read_projection,
     write_projection,
 )
-from crafted_files import write
 
 DEMO_PROMPT = "a red circle on a blue background, top left"
 

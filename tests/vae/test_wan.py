@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from diffusers_reference import diffusers_vae
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from anima_rknn.errors import AnimaError
 from anima_rknn.vae import WanVAEConfig, file_shapes, load_vae, random_vae, read_vae_config, save_vae
-from diffusers_reference import diffusers_vae
 
 # Wan 2.1 statistics as printed in the spec (anima.md, VAE section).
 SPEC_MEAN = [-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,

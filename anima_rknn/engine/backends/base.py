@@ -1,7 +1,7 @@
 """The small interface every accelerator backend implements.
 
 A subgraph set is the 3 * num_blocks accelerator bodies of one DiT, in execution order:
-index i is block i // 3, part SUBGRAPH_KINDS[i % 3]. Inputs and outputs are NumPy arrays
+index i is block i // 3, part export.manifest.SUBGRAPH_KINDS[i % 3]. Inputs and outputs are NumPy arrays
 named as in the set's manifest; the host engine does everything else in fp32.
 """
 
@@ -10,12 +10,6 @@ from __future__ import annotations
 from typing import Protocol
 
 import numpy as np
-
-SUBGRAPH_KINDS = ("self_attn", "cross_attn", "mlp")
-
-
-def subgraph_name(index: int) -> str:
-    return f"b{index // 3:02d}_{SUBGRAPH_KINDS[index % 3]}"
 
 
 class Backend(Protocol):

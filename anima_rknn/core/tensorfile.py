@@ -23,7 +23,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .errors import AnimaError
+from ..errors import AnimaError
 from .files import atomic_path
 
 _FINGERPRINT_SAMPLES, _FINGERPRINT_BLOCK = 64, 4096

@@ -10,11 +10,10 @@ import pickle
 import numpy as np
 import pytest
 
-from anima_rknn.checkpoint import load_tensors, read_metadata, save_tensors
+from anima_rknn.core.tensorfile import fingerprint, load_tensors, read_metadata, save_tensors
 from anima_rknn.errors import AnimaError
-from anima_rknn.pipeline import AnimaPipeline, GenerationParams
-from anima_rknn.checkpoint import fingerprint
-from anima_rknn.resume import STATE_KEY, Checkpoints, Interrupted, read_state
+from anima_rknn.generation.pipeline import AnimaPipeline, GenerationParams
+from anima_rknn.generation.resume import STATE_KEY, Checkpoints, Interrupted, read_state
 from anima_rknn.sampling.caches import CACHE_NAMES
 
 STEPS = 12  # the Spectrum schedule at 12 steps: computed 1-4, 6, 8, 11, 12; forecast 5, 7, 9, 10

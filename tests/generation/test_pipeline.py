@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from anima_rknn.checkpoint import load_tensors, save_tensors
-from anima_rknn.pipeline import AnimaPipeline, DecodePlan, GenerationParams, initial_noise, png_parameters
+from anima_rknn.core.tensorfile import load_tensors, save_tensors
+from anima_rknn.generation.pipeline import AnimaPipeline, DecodePlan, GenerationParams, initial_noise, png_parameters
 
 
 def test_initial_noise_is_the_cpu_generator_of_torch():

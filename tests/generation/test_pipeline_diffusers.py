@@ -16,11 +16,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from anima_rknn.demo.tiny_set import TEXT_ENCODERS, VAES, write_model_set
+from anima_rknn.generation.pipeline import DEFAULT_NEGATIVE, AnimaPipeline, GenerationParams, initial_noise
 from anima_rknn.model.config import PRESETS
-from anima_rknn.model_set import ModelFiles
-from anima_rknn.pipeline import DEFAULT_NEGATIVE, AnimaPipeline, GenerationParams, initial_noise
+from anima_rknn.model.model_set import ModelFiles
 from anima_rknn.sampling.schedule import flow_sigmas
-from anima_rknn.tiny_set import TEXT_ENCODERS, VAES, write_model_set
 
 pytest.importorskip("diffusers")
 from diffusers import AnimaTextConditioner, AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler  # noqa: E402

@@ -9,9 +9,9 @@ import threading
 
 import pytest
 
-from anima_rknn import files
+from anima_rknn.core import files
+from anima_rknn.core.files import atomic_path, check_output_file, json_text, output_folder, write_json
 from anima_rknn.errors import AnimaError
-from anima_rknn.files import atomic_path, check_output_file, json_text, output_folder, write_json
 
 
 def test_publishes_whole_and_leaves_no_temporary(tmp_path):

@@ -6,14 +6,14 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from .errors import AnimaError
-from .files import output_folder
-from .model.config import PRESETS
-from .model.io import random_dit, save_dit
-from .model_set import LAYOUT, ModelFiles, from_model_dir
-from .text import build_word_tokenizers, write_random_text_encoder
-from .vae import WanVAEConfig, random_vae, save_vae
-from .vae.preview import store_projection
+from ..core.files import output_folder
+from ..errors import AnimaError
+from ..model.config import PRESETS
+from ..model.io import random_dit, save_dit
+from ..model.model_set import LAYOUT, ModelFiles, from_model_dir
+from ..text import build_word_tokenizers, write_random_text_encoder
+from ..vae import WanVAEConfig, random_vae, save_vae
+from ..vae.preview import store_projection
 
 # Enough words for prompts people try first; anything else maps to the unknown token.
 WORDS = (

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import AnimaError
-from .caches import make_cache
-from .euler import Denoiser, sample_euler
-from .schedule import flow_sigmas
+from anima_rknn.errors import AnimaError
+from anima_rknn.sampling.caches import make_cache
+from anima_rknn.sampling.euler import Denoiser, sample_euler
+from anima_rknn.sampling.schedule import flow_sigmas
 
 
 class GaussianMixture:

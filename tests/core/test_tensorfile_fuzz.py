@@ -11,13 +11,21 @@ import tracemalloc
 
 import pytest
 import torch
+from crafted_files import write
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 from transformers import Qwen3Model
 
-from anima_rknn.checkpoint import (DTYPE_BYTES, MAX_HEADER_BYTES, Header, TensorInfo, load_tensors, read_header,
-                                   read_shapes)
+from anima_rknn.core.tensorfile import (
+    DTYPE_BYTES,
+    MAX_HEADER_BYTES,
+    Header,
+    TensorInfo,
+    load_tensors,
+    read_header,
+    read_shapes,
+)
 from anima_rknn.errors import AnimaError
 from anima_rknn.model.adapter import rope_1d
 from anima_rknn.model.config import PRESETS, infer_dit_config
@@ -25,7 +33,6 @@ from anima_rknn.model.io import expected_shapes
 from anima_rknn.model.layers import rope_tables
 from anima_rknn.text.encoder import qwen3_config_from_shapes, write_random_text_encoder
 from anima_rknn.vae.wan import WanVAE, WanVAEConfig, _infer_config, file_shapes
-from crafted_files import write
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 ALLOCATION_BOUND = 8 * 2**20  # bytes; every input here is a few kB

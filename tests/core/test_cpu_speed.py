@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from anima_rknn import cpu_speed
-from anima_rknn.pipeline import GenerationParams
+from anima_rknn.core import cpu_speed
+from anima_rknn.generation.pipeline import GenerationParams
 
 
 def write_cache(speeds):

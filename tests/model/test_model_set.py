@@ -6,7 +6,7 @@ import time
 import pytest
 
 from anima_rknn.errors import AnimaError
-from anima_rknn.model_set import HUB_REPO, from_model_dir, resolve
+from anima_rknn.model.model_set import HUB_REPO, from_model_dir, resolve
 
 
 def test_model_dir_layout(tiny_set):

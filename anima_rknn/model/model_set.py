@@ -8,8 +8,8 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
-from . import files
-from .errors import AnimaError
+from ..core import files
+from ..errors import AnimaError
 
 HUB_REPO = "circlestone-labs/Anima"
 HUB_FILES = {
@@ -26,6 +26,15 @@ LAYOUT = {
     "qwen_tokenizer": "tokenizers/qwen3",
     "t5_tokenizer": "tokenizers/t5",
 }
+
+DEMO_MODEL = Path(__file__).resolve().parents[1] / "demo_model"  # shipped in the package (see anima_rknn.demo)
+
+
+def demo_model_dir() -> Path:
+    """The shipped demo model set (model-directory layout)."""
+    if not (DEMO_MODEL / "split_files").is_dir():
+        raise AnimaError(f"the demo model is missing from this install ({DEMO_MODEL}); pass --model DIR")
+    return DEMO_MODEL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,8 +95,6 @@ def resolve(model: str | os.PathLike | None, **explicit: str | os.PathLike | Non
     """A model directory, overridden file by file by explicit paths; a hub id is fetched first.
     Nothing at all given means the shipped demo model."""
     if model is None and not any(explicit.values()):
-        from .demo import demo_model_dir
-
         model = demo_model_dir()
     if model is not None and not Path(model).exists() and str(model).count("/") == 1 and str(model) == HUB_REPO:
         model = download_from_hub(str(model))

@@ -24,15 +24,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checkpoint import load_tensors, read_metadata, save_tensors
-from .errors import AnimaError
-from .files import json_text
+from ..core.files import json_text
+from ..core.tensorfile import load_tensors, read_metadata, save_tensors
+from ..errors import AnimaError
+from ..sampling.caches import make_cache
+from ..sampling.euler import StepCallback, StepEvent
 from .pipeline import Conditioning, GenerationParams
-from .sampling.caches import make_cache
-from .sampling.euler import StepCallback, StepEvent
 
 STATE_FORMAT = "anima-rknn-resume/1"
-STATE_KEY = "anima_rknn.resume"
+STATE_KEY = "anima_rknn.generation.resume"
 STATE_SUFFIX = ".state"
 # Checkpoints by default: after every computed step, once the run is this long (elapsed + ETA), so that a
 # crash or power cut on the board loses one step, while a seconds-long CPU run writes nothing.

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import AnimaError
+from ..errors import AnimaError
 
 # mkstemp's temporary is "." + name + "." + 8 random characters + ".part"
 _TEMP_PREFIX, _TEMP_SUFFIX = ".", ".part"

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from anima_rknn import memory
+from anima_rknn.core import memory
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc")

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .errors import AnimaError
+from ..errors import AnimaError
 from .files import Unreadable, cache_dir, read_small_json, write_json
 
 AUTO = "auto"

@@ -17,25 +17,25 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .checkpoint import fingerprint, read_shapes
-from .cpu_speed import AUTO, resolve_dtype
-from .engine import BACKENDS, RknnOptions, make_engine, subgraph_manifest
-from .engine.vae_auto import choose_vae_backend
-from .engine.vae_tiles import VAE_BACKENDS, open_tile_decoder, vae_set_manifest
-from .errors import AnimaError
-from .export.manifest import MANIFEST
-from .files import cached_sha256
-from .memory import available_bytes, return_freed_memory
-from .model.io import load_dit, load_llm_adapter, read_dit_config
-from .model.lora import MAX_LORAS, Lora, LoraRef, lora_fingerprints, lora_refs, lora_tag, open_loras
-from .model_set import ModelFiles
-from .sampling.caches import make_cache
-from .sampling.euler import SampleResult, StepCallback, sample_euler
-from .sampling.schedule import flow_sigmas
-from .text import PromptTokenizer, load_text_encoder, qwen3_config_from_shapes
-from .text.prompt import parse_prompt_weights
-from .vae import decode_tiled, load_vae, read_vae_config
-from .vae.tiling import TILING_MODES, plan_tiling
+from ..core.cpu_speed import AUTO, resolve_dtype
+from ..core.files import cached_sha256
+from ..core.memory import available_bytes, return_freed_memory
+from ..core.tensorfile import fingerprint, read_shapes
+from ..engine import BACKENDS, RknnOptions, make_engine, subgraph_manifest
+from ..engine.vae_auto import choose_vae_backend
+from ..engine.vae_tiles import VAE_BACKENDS, open_tile_decoder, vae_set_manifest
+from ..errors import AnimaError
+from ..export.manifest import MANIFEST
+from ..model.io import load_dit, load_llm_adapter, read_dit_config
+from ..model.lora import MAX_LORAS, Lora, LoraRef, lora_fingerprints, lora_refs, lora_tag, open_loras
+from ..model.model_set import ModelFiles
+from ..sampling.caches import make_cache
+from ..sampling.euler import SampleResult, StepCallback, sample_euler
+from ..sampling.schedule import flow_sigmas
+from ..text import PromptTokenizer, load_text_encoder, qwen3_config_from_shapes
+from ..text.prompt import parse_prompt_weights
+from ..vae import decode_tiled, load_vae, read_vae_config
+from ..vae.tiling import TILING_MODES, plan_tiling
 
 if TYPE_CHECKING:
     from .resume import Checkpoints, ResumeState

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..engine.backends.rknn import RknnBackend
-from ..engine.vae_tiles import BackendTileDecoder
 from ..errors import AnimaError
+from ..export.vae import check_image_fits, load_vae_set
 from ..vae import decode_tiled
 from ..vae.rescale import picture_latents
-from .vae import check_image_fits, load_vae_set
+from .backends.rknn import RknnBackend
+from .vae_tiles import BackendTileDecoder
 
 DEFAULT_MIN_PSNR = 40.0  # dB, decoded 8-bit image vs fp32 torch
 

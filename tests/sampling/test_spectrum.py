@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from anima_rknn.errors import AnimaError
-from anima_rknn.spectrum import Spectrum
+from anima_rknn.sampling.spectrum import Spectrum
 
 
 def drive(spectrum: Spectrum, signal, shape=(3,), dtype=np.float32) -> dict[int, np.ndarray]:

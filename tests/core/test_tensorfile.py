@@ -5,14 +5,21 @@ import struct
 
 import pytest
 import torch
+from crafted_files import edited, planted_pickle, split, write
 
-from anima_rknn.checkpoint import (DTYPE_BYTES, check_shapes, load_tensors, read_header, read_metadata, read_shapes,
-                                   save_tensors)
+from anima_rknn.core.tensorfile import (
+    DTYPE_BYTES,
+    check_shapes,
+    load_tensors,
+    read_header,
+    read_metadata,
+    read_shapes,
+    save_tensors,
+)
 from anima_rknn.errors import AnimaError
 from anima_rknn.model.io import load_dit, read_dit_config, trained_image_size
 from anima_rknn.text.encoder import load_text_encoder
 from anima_rknn.vae.wan import load_vae, read_vae_config
-from crafted_files import edited, planted_pickle, split, write
 
 READERS = [read_shapes, read_metadata, load_tensors]
 
