@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AnimaError, is_integer, require
+from ..checks import is_integer, require
+from ..errors import AnimaError
 
 AUTO_OPTIONS = {"tol": float, "budget": int, "guard": float, "warmup": int}
 # Chosen on the demo model's tuning prompts and seeds (benchmarks/auto_cache.py --prompts 24 --prompt-seed 3

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AnimaError, is_integer, require
+from ..checks import is_integer, require
+from ..errors import AnimaError
 
 TAU_AXES = ("fixed50", "steps")
 TAYLOR_MODES = ("half", "fractional")
