@@ -23,8 +23,9 @@ from PIL import Image
 from ..core.files import Unreadable, read_small_json, save_png, write_json
 from ..core.tensorfile import fingerprint, read_shapes
 from ..errors import AnimaError
+from .io import load_vae, read_vae_config
 from .tiling import decode_tiled
-from .wan import WanVAE, WanVAEConfig, load_vae, read_vae_config
+from .wan import WanVAE, WanVAEConfig
 
 if TYPE_CHECKING:  # the sampler's record, read duck-typed: this layer does not import the sampler
     from ..sampling.euler import StepEvent

@@ -18,8 +18,9 @@ import torch
 from torch import Tensor
 
 from ..core.tensorfile import read_shapes
+from .io import load_vae
 from .preview import fit_latents, varied_images
-from .wan import AttentionBlock, Resample, ResidualBlock, WanVAE, load_vae
+from .wan import AttentionBlock, Resample, ResidualBlock, WanVAE
 
 FP16_MAX = 65504.0
 # The largest stream value wanted after rescaling: 32x headroom for latents larger than the calibration's.

@@ -19,7 +19,7 @@ from anima_rknn.core.tensorfile import (
 from anima_rknn.errors import AnimaError
 from anima_rknn.model.io import load_dit, read_dit_config, trained_image_size
 from anima_rknn.text.encoder import load_text_encoder
-from anima_rknn.vae.wan import load_vae, read_vae_config
+from anima_rknn.vae.io import load_vae, read_vae_config
 
 READERS = [read_shapes, read_metadata, load_tensors]
 

@@ -32,7 +32,8 @@ from anima_rknn.model.config import PRESETS, infer_dit_config
 from anima_rknn.model.io import expected_shapes
 from anima_rknn.model.layers import rope_tables
 from anima_rknn.text.encoder import qwen3_config_from_shapes, write_random_text_encoder
-from anima_rknn.vae.wan import WanVAE, WanVAEConfig, _infer_config, file_shapes
+from anima_rknn.vae.io import _infer_config, file_shapes
+from anima_rknn.vae.wan import WanVAE, WanVAEConfig
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 ALLOCATION_BOUND = 8 * 2**20  # bytes; every input here is a few kB
