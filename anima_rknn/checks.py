@@ -35,9 +35,13 @@ def is_integer(value: object) -> bool:
 
 
 def is_number(value: object) -> bool:
-    """A finite Python or NumPy real number, not a bool."""
-    return (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-            and math.isfinite(value))
+    """A finite Python or NumPy real number, not a bool (nor an int too large for a float: False, not OverflowError)."""
+    if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def is_int_in(value: object, low: int, high: int) -> bool:
