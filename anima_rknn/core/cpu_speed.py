@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..checks import is_number
 from ..errors import AnimaError
 from .files import Unreadable, cache_dir, read_small_json, write_json
 
@@ -90,8 +91,7 @@ def measure() -> dict[str, float]:
 
 
 def _valid_speeds(value: Any) -> bool:
-    return isinstance(value, dict) and all(
-        isinstance(value.get(d), (int, float)) and not isinstance(value.get(d), bool) and value[d] > 0 for d in _DTYPES)
+    return isinstance(value, dict) and all(is_number(value.get(d)) and value[d] > 0 for d in _DTYPES)
 
 
 def probe() -> dict[str, float]:

@@ -18,6 +18,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 from tqdm import tqdm
 
+from ..checks import is_int_in, shown
 from ..errors import AnimaError
 from ..generation.pipeline import AnimaPipeline, GenerationParams
 from ..model.lora import LoraRef
@@ -96,18 +97,19 @@ def prompt_set(count: int = 24, seed: int = 7, concept: str = "none") -> list[Sh
     With concept "large" every second prompt asks for a large shape instead (the demo LoRA's concept)."""
     if concept == dataset.LARGE:
         pool = dataset.combinations(dataset.LARGE)
-        if isinstance(count, bool) or not isinstance(count, int) or not 2 <= count <= 2 * len(pool):
-            raise AnimaError(f"the prompt set with large shapes has 2 to {2 * len(pool)} prompts, got {count!r:.40}")
+        if not is_int_in(count, 2, 2 * len(pool)):
+            raise AnimaError(f"the prompt set with large shapes has 2 to {2 * len(pool)} prompts, "
+                             f"got {shown(count, 40)}")
         large = [pool[i] for i in np.random.default_rng((seed, 1)).permutation(len(pool))[:count // 2]]
         base = prompt_set(count - count // 2, seed)
         return [spec for pair in zip(base, large) for spec in pair] + base[len(large):]
     if concept != "none":
-        raise AnimaError(f"unknown concept {concept!r:.40}; choose one of {', '.join(CONCEPTS)}")
+        raise AnimaError(f"unknown concept {shown(concept, 40)}; choose one of {', '.join(CONCEPTS)}")
     pools = {split: list(dataset.combinations(split)) for split in ("train", "held_out")}
     # count - count // 3 train and count // 3 held-out prompts must fit their pools
     most = min(3 * len(pools["train"]) // 2, 3 * len(pools["held_out"]) + 2)
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= most:
-        raise AnimaError(f"the prompt set has 1 to {most} prompts, got {count!r:.40}")
+    if not is_int_in(count, 1, most):
+        raise AnimaError(f"the prompt set has 1 to {most} prompts, got {shown(count, 40)}")
     rng = np.random.default_rng(seed)
     order = {split: rng.permutation(len(pool)) for split, pool in pools.items()}
     taken = {"train": 0, "held_out": 0}

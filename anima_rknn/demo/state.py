@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
+from ..checks import is_integer, is_number, shown
 from ..core.files import Unreadable, is_temporary, json_text, read_small_json
 from ..core.tensorfile import load_tensors, read_metadata, read_shapes, save_tensors
 from ..errors import AnimaError
@@ -44,11 +44,6 @@ class StageState:
 def _refuse(path: Path, problem: str) -> AnimaError:
     return AnimaError(f"{path} is not usable training state: {problem}; it is not loaded "
                       "(a new --out starts afresh)")
-
-
-def _number(value: object) -> bool:
-    """An int or a finite float (JSON's true/false are not numbers here)."""
-    return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and math.isfinite(value)
 
 
 def _as_json(value: object) -> object:
@@ -123,12 +118,12 @@ def _read_progress(path: Path) -> dict:
     if not isinstance(progress, dict) or set(progress) != _PROGRESS_FIELDS:
         raise _refuse(path, f"its progress record must be an object with exactly {sorted(_PROGRESS_FIELDS)}")
     step, elapsed = progress["step"], progress["elapsed"]
-    if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
-        raise _refuse(path, f"step must be an integer >= 0, got {step!r:.40}")
-    if not (_number(elapsed) and elapsed >= 0):
-        raise _refuse(path, f"elapsed must be a finite number >= 0, got {elapsed!r:.40}")
+    if not (is_integer(step) and step >= 0):
+        raise _refuse(path, f"step must be an integer >= 0, got {shown(step, 40)}")
+    if not (is_number(elapsed) and elapsed >= 0):
+        raise _refuse(path, f"elapsed must be a finite number >= 0, got {shown(elapsed, 40)}")
     if not isinstance(progress["done"], bool):
-        raise _refuse(path, f"done must be true or false, got {progress['done']!r:.40}")
+        raise _refuse(path, f"done must be true or false, got {shown(progress['done'], 40)}")
     if not isinstance(progress["param_groups"], list) or not isinstance(progress["optimizer_numbers"], dict):
         raise _refuse(path, "param_groups must be a list and optimizer_numbers an object")
     return progress
@@ -144,8 +139,8 @@ def _param_groups(path: Path, saved: list, optimizer: torch.optim.Optimizer) -> 
         if not isinstance(theirs, dict) or set(theirs) != set(mine) or any(
                 _as_json(mine[k]) != theirs[k] for k in mine if k != "lr"):
             raise _refuse(path, "its optimizer settings differ from this run's")
-        if not (_number(theirs["lr"]) and theirs["lr"] >= 0):
-            raise _refuse(path, f"learning rate must be a finite number >= 0, got {theirs['lr']!r:.40}")
+        if not (is_number(theirs["lr"]) and theirs["lr"] >= 0):
+            raise _refuse(path, f"learning rate must be a finite number >= 0, got {shown(theirs['lr'], 40)}")
         groups.append({**mine, "lr": theirs["lr"]})
     return groups
 
@@ -158,7 +153,7 @@ def _fits(key: str, value: object, param: torch.Tensor) -> bool:
         if value.shape != () or value.dtype != torch.float32:
             return False
         value = value.item()
-    return _number(value) and value >= 0
+    return is_number(value) and value >= 0
 
 
 def _optimizer_state(path: Path, tensors: Mapping[str, torch.Tensor], numbers: dict,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ..checks import is_int_in, is_number_in, shown
 from ..core.files import Unreadable, cached_sha256, is_temporary, output_folder, read_small_json
 from ..errors import AnimaError
 from ..model.lora import MAX_LORAS
@@ -77,8 +78,7 @@ def _show(value: Any) -> str:
         if len(value) > 8 or any(isinstance(item, (list, dict)) for item in value):
             return "a list"
         return "[" + ", ".join(map(_show, value)) + "]"
-    text = json.dumps(value) if value is None or isinstance(value, bool) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return json.dumps(value) if value is None or isinstance(value, bool) else shown(value)
 
 
 def _field(obj: dict[str, Any], at: Field, key: str, check: Callable[..., Any], *args: Any) -> Any:
@@ -102,14 +102,13 @@ def _list(value: Any, at: Field, length: int) -> list[Any]:
 
 
 def _int(value: Any, at: Field, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    if not is_int_in(value, low, high):
         at.fail(f"expected a whole number from {low} to {high}, got {_show(value)}")
     return value
 
 
 def _number(value: Any, at: Field, low: float, high: float) -> float:
-    # the comparison also refuses NaN and infinities, and huge integers without converting them to float
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+    if not is_number_in(value, low, high):  # also refuses NaN, infinities and integers too large for a float
         at.fail(f"expected a number from {low} to {high}, got {_show(value)}")
     return value
 

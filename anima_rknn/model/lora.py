@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..checks import check_number, shown
 from ..core.files import cached_sha256
 from ..core.tensorfile import fingerprint, load_tensors, read_header
 from ..errors import AnimaError
@@ -64,10 +65,7 @@ class LoraRef:
         return self.path.name.removesuffix(".safetensors")
 
     def check(self) -> None:
-        if isinstance(self.scale, bool) or not isinstance(self.scale, (int, float)) or not math.isfinite(self.scale) \
-                or abs(self.scale) > MAX_SCALE:
-            raise AnimaError(f"LoRA scale for {self.path.name} must be a finite number from {-MAX_SCALE:g} to "
-                             f"{MAX_SCALE:g}, got {self.scale!r}")
+        check_number(f"LoRA scale for {self.path.name}", self.scale, -MAX_SCALE, MAX_SCALE)
         if self.path.suffix.lower() in PICKLE_SUFFIXES:
             raise AnimaError(f"{self.path} is a pickle ({self.path.suffix}): LoRAs are read from .safetensors only, "
                              "pickles are never loaded")
@@ -312,7 +310,7 @@ def named_lora(name: str, scale: float, lora_dir: Path | None) -> LoraRef:
     """The LoRA `name` picks in `lora_dir`: NAME.safetensors there, by plain name only (never a path)."""
     if not isinstance(name, str) or not name or name != name.strip() or any(c in name for c in "/\\\0") \
             or name in (".", ".."):
-        raise AnimaError(f"LoRA name {str(name)[:60]!r} is not a plain file name (no folders)")
+        raise AnimaError(f"LoRA name {shown(name)} is not a plain file name (no folders)")
     if lora_dir is None:
         raise AnimaError(f"LoRA {name!r} asked for by name: the folder of LoRAs is not set (--lora-dir DIR)")
     path = Path(lora_dir) / f"{name}.safetensors"

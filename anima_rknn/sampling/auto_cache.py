@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..checks import is_integer, require
+from ..checks import is_integer, is_number, require
 from ..errors import AnimaError
 
 AUTO_OPTIONS = {"tol": float, "budget": int, "guard": float, "warmup": int}
@@ -55,12 +55,6 @@ PLAN_GROWTH = (0.5, 1.2)
 PLAN_GAIN, PLAN_SIGMA = 1.0, 0.8
 
 
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) \
-        and bool(np.isfinite(value))
-
-
-
 class AutoCache:
     """Warm-up, then forecast a step only while its expected share of the final error is under `tol`; `guard`: a
     measured relative x0 error above it makes the next step a computed one.
@@ -80,8 +74,8 @@ class AutoCache:
                     f"cache option {key} does not apply with a budget (a budget plans where its calls go)")
         tol = AUTO_DEFAULTS["tol"] if tol is None else tol
         guard = AUTO_DEFAULTS["guard"] if guard is None else guard
-        require(_number(tol) and tol >= 0, f"cache option tol must be a number >= 0, got {tol!r}")
-        require(_number(guard) and guard > 0, f"cache option guard must be a number > 0, got {guard!r}")
+        require(is_number(tol) and tol >= 0, f"cache option tol must be a number >= 0, got {tol!r}")
+        require(is_number(guard) and guard > 0, f"cache option guard must be a number > 0, got {guard!r}")
         require(is_integer(warmup) and warmup >= 2, f"cache option warmup must be an integer >= 2 for auto, got {warmup!r}")
         warm = min(warmup, num_steps)
         require(budget is None or (is_integer(budget) and budget >= warm),
@@ -200,8 +194,9 @@ class AutoCache:
                and len(computed) + len(skipped) <= self.num_steps and computed == sorted(computed)
                and computed[:2] == [1, 2][:len(computed)]  # the first two steps always run the model
                and len(measured_steps) == len(measured_errors) and set(measured_steps) <= set(computed)
-               and measured_steps == sorted(set(measured_steps)) and all(_number(e) and e >= 0 for e in measured_errors)
-               and (level is None or (_number(level) and level >= 0)) and _number(settled) and settled >= 0
+               and measured_steps == sorted(set(measured_steps))
+               and all(is_number(e) and e >= 0 for e in measured_errors)
+               and (level is None or (is_number(level) and level >= 0)) and is_number(settled) and settled >= 0
                and len(y) == (1 if computed else 0) and steps == computed[-2:] and len(x0s) == len(epss) == len(steps)
                and all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.shape == (size,) for a in arrays),
                "the cache state does not fit this run's schedule")

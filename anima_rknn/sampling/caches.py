@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..checks import is_int_in, require
 from ..errors import AnimaError
 from .auto_cache import AUTO_OPTIONS, AutoCache
 from .spectrum import Spectrum, SpectrumSchedule
@@ -96,9 +97,8 @@ class NoCache:
 
     def restore(self, state: dict[str, Any]) -> None:
         count = state.get("count") if isinstance(state, dict) else None
-        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= self.num_steps:
-            raise AnimaError("the cache state does not fit this run's schedule")
-        self._recorded = count
+        require(is_int_in(count, 0, self.num_steps), "the cache state does not fit this run's schedule")
+        self._recorded = int(count)
 
     @property
     def computed_steps(self) -> list[int]:

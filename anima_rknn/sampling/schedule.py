@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import AnimaError
+from ..checks import is_integer, is_number, require
 
 TRAIN_TIMESTEPS = 1000
 
@@ -16,10 +16,8 @@ def shift_sigma(t: np.ndarray | float, shift: float) -> np.ndarray | float:
 
 def flow_sigmas(steps: int, shift: float = 3.0) -> np.ndarray:
     """`steps` decreasing sigmas starting at 1.0, then a final 0; float64, length steps + 1."""
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise AnimaError(f"steps must be a positive integer, got {steps!r}")
-    if not (np.isfinite(shift) and shift > 0):
-        raise AnimaError(f"sigma shift must be a positive number, got {shift!r}")
+    require(is_integer(steps) and steps >= 1, f"steps must be a positive integer, got {steps!r}")
+    require(is_number(shift) and shift > 0, f"sigma shift must be a positive number, got {shift!r}")
     table = shift_sigma(np.arange(1, TRAIN_TIMESTEPS + 1, dtype=np.float64) / TRAIN_TIMESTEPS, shift)
     picked = [table[-(1 + int(k * TRAIN_TIMESTEPS / steps))] for k in range(steps)]
     return np.array(picked + [0.0], dtype=np.float64)

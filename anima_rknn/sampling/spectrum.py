@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..checks import is_integer, require
+from ..checks import check_bool, is_integer, is_number_in, require
 from ..errors import AnimaError
 
 TAU_AXES = ("fixed50", "steps")
@@ -28,14 +28,6 @@ MAX_DEGREE = 8
 MAX_WINDOW = 1000
 
 
-
-
-def _in_range(value: object, low: float, high: float) -> bool:
-    """A real, finite number in [low, high] (False for NaN, strings, bools)."""
-    return (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-            and bool(np.isfinite(value)) and low <= value <= high)
-
-
 class SpectrumSchedule:
     """Which steps run the model and which are forecast: warmup, then a window that widens by
     `flex` after every computed step, and always compute from `stop` (a fraction of the run) on."""
@@ -45,9 +37,9 @@ class SpectrumSchedule:
         require(is_integer(num_steps) and num_steps >= 1, f"number of steps must be a positive integer, got {num_steps!r}")
         require(is_integer(window) and 1 <= window <= MAX_WINDOW,
                f"cache option window must be an integer from 1 to {MAX_WINDOW}, got {window!r}")
-        require(_in_range(flex, 0, MAX_WINDOW), f"cache option flex must be in [0, {MAX_WINDOW}], got {flex!r}")
+        require(is_number_in(flex, 0, MAX_WINDOW), f"cache option flex must be in [0, {MAX_WINDOW}], got {flex!r}")
         require(is_integer(warmup) and warmup >= 0, f"cache option warmup must be an integer >= 0, got {warmup!r}")
-        require(_in_range(stop, 0.0, 1.0), f"cache option stop must be in [0, 1], got {stop!r}")
+        require(is_number_in(stop, 0.0, 1.0), f"cache option stop must be in [0, 1], got {stop!r}")
         self.num_steps = int(num_steps)
         self.window, self.flex, self.warmup, self.stop = int(window), float(flex), int(warmup), float(stop)
         # stable-diffusion.cpp multiplies in float32: 0.9f * 20 rounds to exactly 18.
@@ -114,7 +106,7 @@ class SpectrumSchedule:
         require(is_integer(count) and 0 <= count <= self.num_steps and all(is_integer(s) for s in computed + skipped)
                and sorted(computed + skipped) == list(range(1, count + 1))
                and is_integer(num_cached) and 0 <= num_cached <= count
-               and _in_range(window_size, self.window, self.window + self.flex * self.num_steps),
+               and is_number_in(window_size, self.window, self.window + self.flex * self.num_steps),
                "the cache state does not fit this run's schedule")
         self.count, self._num_cached, self._window_size = int(count), int(num_cached), float(window_size)
         self._computed, self._skipped = [int(s) for s in computed], [int(s) for s in skipped]
@@ -130,10 +122,10 @@ class Spectrum:
     def __init__(self, num_steps: int, w: float = 0.40, m: int = 3, lam: float = 1.0, window: int = 2,
                  flex: float = 0.5, warmup: int = 4, stop: float = 0.9, *, normalize: bool = False,
                  tau_axis: str = "fixed50", taylor: str = "half", name: str = "spectrum") -> None:
-        require(_in_range(w, 0.0, 1.0), f"cache option w must be in [0, 1], got {w!r}")
+        require(is_number_in(w, 0.0, 1.0), f"cache option w must be in [0, 1], got {w!r}")
         require(is_integer(m) and 0 <= m <= MAX_DEGREE, f"cache option m must be an integer from 0 to {MAX_DEGREE}, got {m!r}")
-        require(_in_range(lam, 0.0, 1e6), f"cache option lam must be in [0, 1e6], got {lam!r}")
-        require(isinstance(normalize, bool), f"cache option normalize must be true or false, got {normalize!r}")
+        require(is_number_in(lam, 0.0, 1e6), f"cache option lam must be in [0, 1e6], got {lam!r}")
+        check_bool("cache option normalize", normalize)
         require(tau_axis in TAU_AXES, f"cache option tau_axis must be one of {', '.join(TAU_AXES)}, got {tau_axis!r}")
         require(taylor in TAYLOR_MODES, f"cache option taylor must be one of {', '.join(TAYLOR_MODES)}, got {taylor!r}")
         self.schedule = SpectrumSchedule(num_steps, window, flex, warmup, stop)

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from ..checks import is_integer, is_number_in, require, shown
 from ..core.files import Unreadable, read_small_json, save_png, write_json
 from ..core.tensorfile import fingerprint, read_shapes
 from ..errors import AnimaError
@@ -177,7 +178,7 @@ def _numbers(value: object, length: int) -> list[float] | None:
     """`value` if it is a list of `length` numbers of size at most MAX_FACTOR (so finite), else None."""
     if not isinstance(value, list) or len(value) != length:
         return None
-    if not all(type(v) in (int, float) and abs(v) <= MAX_FACTOR for v in value):  # NaN compares False
+    if not all(is_number_in(v, -MAX_FACTOR, MAX_FACTOR) for v in value):
         return None
     return [float(v) for v in value]
 
@@ -199,7 +200,7 @@ def read_projection(path: str | os.PathLike, vae_path: str | os.PathLike) -> Lat
         raise AnimaError(f"{path}: a preview projection is a JSON object with exactly the keys "
                          f"{', '.join(sorted(keys))}")
     if record["format"] != PREVIEW_FORMAT:
-        raise AnimaError(f"{path}: format {str(record['format'])[:40]!r} is not {PREVIEW_FORMAT!r}")
+        raise AnimaError(f"{path}: format {shown(record['format'], 40)} is not {PREVIEW_FORMAT!r}")
     rows = record["matrix"] if isinstance(record["matrix"], list) and len(record["matrix"]) == channels else [None]
     matrix, bias = [_numbers(row, 3) for row in rows], _numbers(record["bias"], 3)
     if any(row is None for row in matrix) or bias is None:
@@ -249,10 +250,10 @@ class PreviewWriter:
 
     def __init__(self, path: str | os.PathLike, vae_path: str | os.PathLike, every: int = 1,
                  vae_decode: bool = False, tile: int = 512) -> None:
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise AnimaError(f"the preview interval must be a whole number of steps >= 1, got {every!r}")
-        if isinstance(tile, bool) or not isinstance(tile, int) or tile < 64 or tile % 8:
-            raise AnimaError(f"the preview VAE tile must be a multiple of 8 pixels >= 64, got {tile!r}")
+        require(is_integer(every) and every >= 1,
+                f"the preview interval must be a whole number of steps >= 1, got {every!r}")
+        require(is_integer(tile) and tile >= 64 and tile % 8 == 0,
+                f"the preview VAE tile must be a multiple of 8 pixels >= 64, got {tile!r}")
         self.path, self.vae_path = Path(path), Path(vae_path)
         self.every, self.vae_decode, self.tile = every, vae_decode, tile
         self.config = read_vae_config(vae_path)
