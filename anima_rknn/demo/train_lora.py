@@ -31,19 +31,18 @@ from ..model.model_set import ModelFiles, from_model_dir
 from ..vae import load_vae
 from . import dataset, demo_model_dir
 from . import state as train_state
-
-# train-demo's config rules and learning-rate schedule, shared rather than repeated
-from .train import (
-    _SIZE,
+from .harness import (
+    POSITIVE,
+    SIZE,
     CaptionBank,
     Noised,
+    Range,
     Stage,
     StageResult,
-    _build,
-    _learning_rate,
-    _Range,
+    build_config,
     check_resume,
     latent_pool,
+    learning_rate,
     optimizer_step,
     training_caption,
     training_captions,
@@ -73,22 +72,21 @@ class LoraTrainConfig:
 
     @classmethod
     def from_dict(cls, raw: object) -> LoraTrainConfig:
-        config = _build(cls, raw, "the LoRA training config")
+        config = build_config(cls, raw, "the LoRA training config")
         config.validate()
         return config
 
     def validate(self) -> None:
         for field in dataclasses.fields(self):
-            _RULES.get(field.name, _SIZE).check(field.name, getattr(self, field.name))
+            _RULES.get(field.name, SIZE).check(field.name, getattr(self, field.name))
         if not 1 <= round(self.batch * self.concept_share) < self.batch:
             raise AnimaError(f"batch {self.batch} with concept_share {self.concept_share} leaves no picture of "
                              "one kind; use a larger batch or a share further from 0 and 1")
 
 
-_POSITIVE = _Range(float, 0, open_low=True)
-_RULES = {"seed": _Range(int, 0, 2**63 - 1), "minutes": _POSITIVE, "steps": _Range(int, 1, optional=True),
-          "rank": _Range(int, 1, 64), "concept_share": _Range(float, 0, 1, True, True), "lr": _POSITIVE,
-          "caption_dropout": _Range(float, 0, 1), "flow_shift": _POSITIVE}
+_RULES = {"seed": Range(int, 0, 2**63 - 1), "minutes": POSITIVE, "steps": Range(int, 1, optional=True),
+          "rank": Range(int, 1, 64), "concept_share": Range(float, 0, 1, True, True), "lr": POSITIVE,
+          "caption_dropout": Range(float, 0, 1), "flow_shift": POSITIVE}
 
 
 class LowRankDelta(nn.Module):
@@ -171,7 +169,7 @@ def _train(config: LoraTrainConfig, files: ModelFiles, work: Path) -> tuple[dict
 
     def train_step(step: int, progress: float) -> float:
         for group in optimizer.param_groups:
-            group["lr"] = _learning_rate(config.lr, step, progress, config.warmup_steps)
+            group["lr"] = learning_rate(config.lr, step, progress, config.warmup_steps)
         rng = np.random.default_rng((config.seed, 3, step))
         picked = {split: rng.integers(config.latent_pool, size=n) for split, n in counts.items()}
         x0 = torch.cat([pools[split][torch.from_numpy(i)] for split, i in picked.items()])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from anima_rknn.demo.train import DemoConfig, StageResult, TextEncoderSize, train_demo
+from anima_rknn.demo.harness import StageResult
+from anima_rknn.demo.train import DemoConfig, TextEncoderSize, train_demo
 from anima_rknn.model.config import DiTConfig
 
 TINY = DemoConfig(

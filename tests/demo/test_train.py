@@ -9,7 +9,8 @@ import json
 import torch
 
 from anima_rknn.core.tensorfile import read_metadata
-from anima_rknn.demo.train import CaptionBank, DemoConfig
+from anima_rknn.demo.harness import CaptionBank
+from anima_rknn.demo.train import DemoConfig
 from anima_rknn.generation.pipeline import AnimaPipeline
 from anima_rknn.model.io import load_dit
 from anima_rknn.model.model_set import from_model_dir

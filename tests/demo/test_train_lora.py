@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from anima_rknn.core.tensorfile import load_tensors, read_metadata, save_tensors
-from anima_rknn.demo import demo_model_dir, train, train_lora
+from anima_rknn.demo import demo_model_dir, harness, train_lora
 from anima_rknn.demo.state import CONFIG_FILE, LORA_STATE, PROGRESS_KEY
 from anima_rknn.demo.train_lora import LoraTrainConfig, add_lora, target_modules, train_demo_lora, work_folder
 from anima_rknn.errors import AnimaError
@@ -69,7 +69,7 @@ def test_training_form_equals_the_merged_file(tmp_path) -> None:
 def test_a_resumed_run_writes_the_same_file_bit_for_bit(straight, tmp_path, monkeypatch) -> None:
     _, expected = straight
     out = tmp_path / "resumed.safetensors"
-    monkeypatch.setattr(train, "CHECKPOINT_EVERY_S", -1.0)  # checkpoint after every step
+    monkeypatch.setattr(harness, "CHECKPOINT_EVERY_S", -1.0)  # checkpoint after every step
     real, calls = train_lora.optimizer_step, []
 
     def interrupted(*args, **kwargs):

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from anima_rknn.core.tensorfile import load_tensors, read_metadata, save_tensors
-from anima_rknn.demo import train
+from anima_rknn.demo import harness, train
+from anima_rknn.demo.harness import CaptionBank, training_captions
 from anima_rknn.demo.state import CONFIG_FILE, DIT_STATE, LATENTS, PROGRESS_KEY, VAE_STATE, WORK_FOLDER
-from anima_rknn.demo.train import CaptionBank, train_demo, train_dit, train_vae, training_captions
+from anima_rknn.demo.train import train_demo, train_dit, train_vae
 from anima_rknn.errors import AnimaError
 from anima_rknn.model.io import load_dit
 from anima_rknn.model.model_set import from_model_dir
@@ -39,22 +40,22 @@ def _run_stage(stage: str, work: Path, dit_inputs) -> torch.nn.Module:
     return train_dit(config, work, vae, bank)[0]
 
 
-# stage -> (its state file, a function train.py calls once per training step)
-STAGES = {"vae": (VAE_STATE, "_vae_loss"), "dit": (DIT_STATE, "shift_sigma")}
+# stage -> (its state file, a module and the function of it that the stage calls once per training step)
+STAGES = {"vae": (VAE_STATE, train, "_vae_loss"), "dit": (DIT_STATE, harness, "shift_sigma")}
 
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_a_resumed_stage_ends_bit_for_bit_where_an_uninterrupted_one_does(stage, dit_inputs, tmp_path,
                                                                           monkeypatch) -> None:
     torch.set_num_threads(1)
-    state_file, per_step = STAGES[stage]
+    state_file, module, per_step = STAGES[stage]
     straight_dir, resumed_dir = tmp_path / "straight", tmp_path / "resumed"
     straight_dir.mkdir()
     resumed_dir.mkdir()
     straight = _run_stage(stage, straight_dir, dit_inputs)
 
-    monkeypatch.setattr(train, "CHECKPOINT_EVERY_S", -1.0)  # checkpoint after every step
-    real, calls = getattr(train, per_step), []
+    monkeypatch.setattr(harness, "CHECKPOINT_EVERY_S", -1.0)  # checkpoint after every step
+    real, calls = getattr(module, per_step), []
 
     def interrupted(*args, **kwargs):
         calls.append(1)
@@ -62,10 +63,10 @@ def test_a_resumed_stage_ends_bit_for_bit_where_an_uninterrupted_one_does(stage,
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(train, per_step, interrupted)
+    monkeypatch.setattr(module, per_step, interrupted)
     with pytest.raises(KeyboardInterrupt):
         _run_stage(stage, resumed_dir, dit_inputs)
-    monkeypatch.setattr(train, per_step, real)
+    monkeypatch.setattr(module, per_step, real)
     assert json.loads(read_metadata(resumed_dir / state_file, "state")[PROGRESS_KEY])["step"] == 3
     resumed = _run_stage(stage, resumed_dir, dit_inputs)
 
