@@ -1,1 +1,3 @@
-"""`anima-rknn serve`: the HTTP APIs (AUTOMATIC1111, OpenAI, native jobs) over one job queue."""
+"""`anima-rknn serve`: the HTTP APIs over one job queue (jobs.py), one routes module per API family: a1111.py
+(AUTOMATIC1111's /sdapi/v1), openai.py (OpenAI's /v1/images), native.py (/api/jobs and compare with baseline),
+page.py (the web page at /); app.py builds the one app of them all."""

@@ -1,0 +1,99 @@
+"""The native API, /api/jobs*: asynchronous jobs (submit, list, status, cancel, image, live preview, server-sent
+events) and compare with baseline (compare.py), which the page and scripts call.
+
+A submit answers at once with the job's status; the client then polls it or follows its events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from .compare import difference_png, measure, twin_of
+from .jobs import FINISHED
+from .requests import job_or_404, json_body
+
+if TYPE_CHECKING:
+    from .app import Server
+
+
+def routes(server: Server) -> APIRouter:
+    router = APIRouter()
+    queue = server.queue
+
+    @router.post("/api/jobs")
+    async def submit(request: Request):
+        job = queue.submit(server.params(await json_body(request)))
+        return job.status(queue.position(job))
+
+    @router.get("/api/jobs")
+    async def recent():
+        return [job.status(queue.position(job)) for job in queue.recent()]
+
+    @router.get("/api/jobs/{job_id}")
+    async def status(job_id: str):
+        job = job_or_404(queue, job_id)
+        return job.status(queue.position(job))
+
+    @router.post("/api/jobs/{job_id}/cancel")
+    async def cancel(job_id: str):
+        job = job_or_404(queue, job_id)
+        queue.cancel(job)
+        return job.status(queue.position(job))
+
+    @router.get("/api/jobs/{job_id}/image")
+    async def image(job_id: str):
+        job = job_or_404(queue, job_id)
+        if job.state != "completed":
+            return JSONResponse({"error": f"job is {job.state}"}, status_code=409)
+        return Response(queue.image_path(job).read_bytes(), media_type="image/png")
+
+    @router.get("/api/jobs/{job_id}/preview")
+    async def preview(job_id: str):
+        job = job_or_404(queue, job_id)
+        if job.preview is None:
+            return JSONResponse({"error": "no preview yet"}, status_code=404)
+        return Response(job.preview, media_type="image/png")
+
+    @router.get("/api/jobs/{job_id}/events")
+    async def events(job_id: str):
+        job = job_or_404(queue, job_id)
+
+        async def stream():
+            last = None
+            while True:
+                status = job.status(queue.position(job))
+                snapshot = (status["state"], status["step"], status["queue_position"])
+                if snapshot != last:
+                    last = snapshot
+                    yield f"data: {json.dumps(status)}\n\n"
+                if job.state in FINISHED:
+                    return
+                await asyncio.sleep(0.1)
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    # -- compare with baseline ----------------------------------------------------------------------------
+    @router.post("/api/jobs/{job_id}/compare")
+    async def compare(job_id: str):
+        twin = twin_of(queue, job_or_404(queue, job_id))
+        return twin.status(queue.position(twin))
+
+    # Plain def: FastAPI runs these in a worker thread, so SSIM of a large image never stalls other requests.
+    @router.get("/api/jobs/{job_id}/compare/{twin_id}")
+    def comparison(job_id: str, twin_id: str):
+        job, twin = job_or_404(queue, job_id), job_or_404(queue, twin_id)
+        measured = measure(queue, job, twin)
+        return {"ready": measured is not None, "job": job.status(queue.position(job)),
+                "twin": twin.status(queue.position(twin)), **(measured or {})}
+
+    @router.get("/api/jobs/{job_id}/compare/{twin_id}/difference")
+    def difference(job_id: str, twin_id: str):
+        job, twin = job_or_404(queue, job_id), job_or_404(queue, twin_id)
+        return Response(difference_png(queue, job, twin), media_type="image/png")
+
+    return router
