@@ -8,7 +8,7 @@ from typing import Any
 _EXPORTS = {
     "load_dit": "anima_rknn.model.io",
     "AnimaPipeline": "anima_rknn.generation.pipeline",
-    "GenerationParams": "anima_rknn.generation.pipeline",
+    "GenerationParams": "anima_rknn.generation.params",
     "resolve_model": "anima_rknn.model.model_set",
     "Spectrum": "anima_rknn.sampling.spectrum",
     "AnimaError": "anima_rknn.errors",

@@ -28,7 +28,9 @@ from anima_rknn.bench.metrics import psnr, relative_l2, spearman, ssim
 from anima_rknn.demo import demo_model_dir
 from anima_rknn.demo.dataset import IMAGE_SIZE
 from anima_rknn.demo.evaluate import adherence, judge, prompt_set
-from anima_rknn.generation.pipeline import AnimaPipeline, Conditioning, GenerationParams
+from anima_rknn.generation.params import GenerationParams
+from anima_rknn.generation.pipeline import AnimaPipeline
+from anima_rknn.generation.result import Conditioning
 from anima_rknn.model.model_set import from_model_dir
 
 # (label, cache, options): the fixed schedules at their defaults, and auto along its tolerance and budget axes.

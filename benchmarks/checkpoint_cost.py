@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from anima_rknn.engine import make_engine
-from anima_rknn.generation.pipeline import Conditioning, GenerationParams
+from anima_rknn.generation.params import GenerationParams
+from anima_rknn.generation.result import Conditioning
 from anima_rknn.generation.resume import write_state
 from anima_rknn.model.config import PRESETS
 from anima_rknn.model.io import random_dit

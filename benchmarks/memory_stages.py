@@ -19,7 +19,8 @@ from collections.abc import Callable
 import torch
 
 from anima_rknn.core.memory import peak_rss, status_bytes
-from anima_rknn.generation.pipeline import DTYPES, AnimaPipeline, GenerationParams
+from anima_rknn.generation.params import GenerationParams
+from anima_rknn.generation.pipeline import DTYPES, AnimaPipeline
 from anima_rknn.model.io import load_dit
 from anima_rknn.model.model_set import from_model_dir
 from anima_rknn.text import load_text_encoder

@@ -26,7 +26,8 @@ from anima_rknn.core.files import save_png
 from anima_rknn.demo import demo_model_dir
 from anima_rknn.demo.tiny_set import write_model_set
 from anima_rknn.engine import make_engine
-from anima_rknn.generation.pipeline import AnimaPipeline, GenerationParams
+from anima_rknn.generation.params import GenerationParams
+from anima_rknn.generation.pipeline import AnimaPipeline
 from anima_rknn.model.io import load_dit
 from anima_rknn.model.model_set import from_model_dir
 from anima_rknn.sampling.euler import StepEvent

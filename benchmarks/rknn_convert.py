@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from anima_rknn.cli.rknn import capture_pass, verify_subgraphs
 from anima_rknn.engine.memory_plan import loads_per_pass, parse_size, plan_memory, size
+from anima_rknn.engine.verify import capture_pass, verify_subgraphs
 from anima_rknn.errors import AnimaError
 from anima_rknn.export.onnx import export_subgraphs
 from anima_rknn.export.rknn import convert_subgraphs
@@ -93,7 +93,7 @@ def main() -> None:
                   f"{size(record['weight_bytes'])} | {size(record['internal_bytes'])} |")
 
         rows = strategies(full_model_manifest(one_block), budget)
-        print(f"\nFull model (84 contexts), compiler figures:\n\n| strategy | predicted peak | NPU side | "
+        print("\nFull model (84 contexts), compiler figures:\n\n| strategy | predicted peak | NPU side | "
               "loads per pass |\n|---|---:|---:|---:|")
         for name, peak, npu, loads in rows:
             print(f"| {name} | {size(peak)} | {size(npu)} | {loads} |")

@@ -17,7 +17,8 @@ RUN = """
 import json, resource, sys, tempfile, time
 from pathlib import Path
 from anima_rknn.model.model_set import resolve
-from anima_rknn.generation.pipeline import AnimaPipeline, GenerationParams
+from anima_rknn.generation.params import GenerationParams
+from anima_rknn.generation.pipeline import AnimaPipeline
 from anima_rknn.server.jobs import JobQueue
 model, keep, jobs, size, steps = sys.argv[1], sys.argv[2] == "keep", int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 queue = JobQueue(AnimaPipeline(resolve(model), keep_dit=keep), Path(tempfile.mkdtemp()) / "data")

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from anima_rknn.demo.tiny_set import write_model_set
-from anima_rknn.generation.pipeline import AnimaPipeline, GenerationParams, initial_noise
+from anima_rknn.generation.params import GenerationParams
+from anima_rknn.generation.pipeline import AnimaPipeline, initial_noise
 from anima_rknn.model.model_set import from_model_dir
 from anima_rknn.sampling.spectrum import Spectrum
 

@@ -14,14 +14,12 @@ from typing import Any
 
 from ..core.files import Unreadable, read_small_file
 from ..errors import AnimaError
-from ..generation.pipeline import MAX_SEED, RANDOM_SEED, GenerationParams
-from ..generation.resume import SETTINGS, settings_of
-from ..model.lora import prompt_loras
+from ..generation.params import RANDOM_SEED, SETTINGS, GenerationParams, build, settings_of
+from ..generation.pipeline import AnimaPipeline
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 MAX_JOBS_BYTES = 64 << 20
 MAX_JOBS = 100_000
-MAX_SEEDS = 10_000
 ID_HEX = 16  # 64 bits of sha256: no collision in any batch one person runs
 
 
@@ -37,25 +35,6 @@ class BatchJob:
 
     def settings(self) -> dict[str, Any]:
         return settings_of(self.params)
-
-
-def parse_seeds(text: str) -> list[int]:
-    """"1-8" or "1,5,9-12": seeds in the order given, each at most once."""
-    seeds: list[int] = []
-    for item in text.split(","):
-        low, dash, high = item.strip().partition("-")
-        try:
-            first, last = int(low), int(high if dash else low)
-        except ValueError:
-            raise AnimaError(f"--seeds takes seeds and ranges such as 1-8 or 1,5,9-12, got {text!r}") from None
-        if not 0 <= first <= last <= MAX_SEED:
-            raise AnimaError(f"--seeds: {item.strip()!r} is not a seed or a rising range of seeds from 0 to {MAX_SEED}")
-        if len(seeds) + last - first + 1 > MAX_SEEDS:
-            raise AnimaError(f"--seeds names more than {MAX_SEEDS} seeds")
-        seeds.extend(range(first, last + 1))
-    if len(set(seeds)) != len(seeds):
-        raise AnimaError(f"--seeds names a seed twice: {text!r}")
-    return seeds
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -106,10 +85,8 @@ def read_jobs(path: str | Path, defaults: GenerationParams, seeds: list[int] | N
                 raise AnimaError(f"{path} line {number}: a batch job needs a fixed seed (a drawn one could not be "
                                  "found again when the batch resumes)")
             try:
-                params = dataclasses.replace(defaults, **{**settings, "seed": seed})
+                params = build({**settings, "seed": seed}, base=defaults, lora_dir=lora_dir)
                 params.validate()
-                prompt, tagged = prompt_loras(params.prompt, lora_dir)
-                params = dataclasses.replace(params, prompt=prompt, loras=[*params.loras, *tagged])
             except AnimaError as e:
                 raise AnimaError(f"{path} line {number}: {e}") from None
             jobs.append(BatchJob(number, params))
@@ -135,6 +112,29 @@ def name_jobs(jobs: list[BatchJob], fingerprints: Callable[[GenerationParams], d
             raise AnimaError(f"line {job.line} repeats the job of line {seen[job.id].line} "
                              f"(seed {job.params.seed}): same settings, same image")
         seen[job.id] = job
+
+
+def prepare_jobs(jobs: list[BatchJob], pipeline: AnimaPipeline,
+                 source: str | None = None) -> list[tuple[GenerationParams, dict[str, str | None]]]:
+    """Prepare each job as generate prepares its run (before anything runs; `source`: the jobs file, named with
+    the line in errors) and name it; returns the model fingerprints the workers must have, one entry per set of
+    model files (subgraph sets, LoRAs) in the jobs."""
+    for job in jobs:
+        try:
+            pipeline.prepare(job.params)
+        except AnimaError as e:
+            raise AnimaError(f"{source} line {job.line}: {e}" if source else str(e)) from None
+    prints: dict[str, tuple[GenerationParams, dict[str, str | None]]] = {}
+
+    def fingerprints(params: GenerationParams) -> dict[str, str | None]:
+        key = repr(dataclasses.replace(params, prompt="", negative="", seed=0))  # all a sweep's jobs share
+        if key not in prints:
+            prints[key] = (params, pipeline.fingerprints(params))
+        return prints[key][1]
+
+    name_jobs(jobs, fingerprints)
+    # Kinds of run with the same model files need one check on a worker.
+    return list({json.dumps(found, sort_keys=True): (params, found) for params, found in prints.values()}.values())
 
 
 def one_sweep(jobs: list[BatchJob], max_seeds: int) -> tuple[GenerationParams, list[int]]:

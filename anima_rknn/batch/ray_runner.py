@@ -10,18 +10,19 @@ times) and its job goes back to the front of the queue: retried, never lost, and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import socket
 import sys
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..bench.run import Sweep
 from ..core.files import cache_dir
 from ..errors import AnimaError
-from ..generation.resume import Checkpoints
 from ..model.model_set import ModelFiles
 from ..sampling.euler import StepCallback
 from .jobs import BatchJob
@@ -97,9 +98,9 @@ class RemoteWorker(Worker):
     def __init__(self, files: ModelFiles, keep_models: bool, threads: int | None,
                  checkpoint_every: int | None = None) -> None:
         self.failed: str | None = None
-        self.checkpoint_every = checkpoint_every
         try:
-            super().__init__(files, keep_models, threads)
+            # A state that cannot be written costs the resume, not the job.
+            super().__init__(files, keep_models, threads, checkpoint_every=checkpoint_every, warn=lambda e: None)
         except AnimaError as e:
             self.name = worker_name()
             self.failed = f"{self.name}: {e}"
@@ -107,18 +108,26 @@ class RemoteWorker(Worker):
     def check(self, expected: Expected, driver_version: str) -> tuple[str, str | None]:
         return (self.name, self.failed) if self.failed else super().check(expected, driver_version)
 
-    def run(self, job: BatchJob, checkpoints: Checkpoints | None = None,
-            on_step: StepCallback | None = None) -> Outcome:
+    def run(self, job: BatchJob, state: Path | None = None, on_step: StepCallback | None = None,
+            stop: Callable[[], bool] = lambda: False) -> Outcome:
         folder = cache_dir() / STATES
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError:
             return super().run(job, on_step=on_step)  # a node that cannot keep states only loses the resume
-        # A state that cannot be written costs the resume, not the job.
-        checkpoints = Checkpoints(folder / f"{job.id}.state", self.checkpoint_every, warn=lambda e: None)
-        outcome = super().run(job, checkpoints, on_step)
-        checkpoints.remove()
-        return outcome
+        return super().run(job, folder / f"{job.id}.state", on_step)
+
+
+def open_ray_runner(stack: contextlib.ExitStack, address: str | None, resources: str | None, workers: int | None,
+                    files: ModelFiles, expected: Expected, keep_models: bool, checkpoint_every: int | None = None,
+                    warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> RayRunner | None:
+    """--ray's runner, connected (so a cluster that cannot run the jobs is refused before anything is written)
+    and shut down with `stack`; None without --ray."""
+    if address is None:
+        return None
+    return stack.enter_context(RayRunner(address, files, expected, keep_models=keep_models,
+                                         resources=parse_resources(resources), max_workers=workers,
+                                         checkpoint_every=checkpoint_every, warn=warn))
 
 
 class RayRunner:

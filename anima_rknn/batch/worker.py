@@ -7,14 +7,16 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from ..bench.run import RunCallback, SeedBench, Sweep
-from ..core.files import png_bytes
 from ..errors import AnimaError
-from ..generation.pipeline import AnimaPipeline, GenerationParams, png_parameters
-from ..generation.resume import Checkpoints, read_state
+from ..generation.params import GenerationParams
+from ..generation.pipeline import AnimaPipeline
+from ..jobs.runner import JobRunner, saved_state
 from ..model.model_set import ModelFiles
 from ..sampling.euler import StepCallback
 from .jobs import BatchJob
@@ -37,12 +39,15 @@ def package_version() -> str:
 
 
 class Worker:
-    def __init__(self, files: ModelFiles, keep_models: bool, threads: int | None = None) -> None:
+    def __init__(self, files: ModelFiles, keep_models: bool, threads: int | None = None, *,
+                 checkpoint_every: int | None = None, warn: Callable[[AnimaError], None] | None = None) -> None:
         """`threads`: torch's threads; 0 = every core of this machine (a Ray actor that reserved no CPUs would
-        otherwise get Ray's OMP_NUM_THREADS=1); None = as they are."""
+        otherwise get Ray's OMP_NUM_THREADS=1); None = as they are. `checkpoint_every` and `warn`: the job
+        runner's (jobs.runner.JobRunner)."""
         if threads is not None:
             torch.set_num_threads(threads or os.cpu_count() or 1)
         self.pipeline = AnimaPipeline(files.check(), keep_dit=keep_models)
+        self.runner = JobRunner(self.pipeline, checkpoint_every=checkpoint_every, warn=warn)
         self.name = worker_name()
         self.seed_bench: SeedBench | None = None
 
@@ -62,25 +67,18 @@ class Worker:
                 return self.name, f"{self.name} has another {files} than the driver under the same path"
         return self.name, None
 
-    def run(self, job: BatchJob, checkpoints: Checkpoints | None = None,
-            on_step: StepCallback | None = None) -> Outcome:
-        """One job. With `checkpoints`, a state left by an interrupted run of this job is continued, and a stop
-        asked for ends the run with resume.Interrupted (its state kept for the next time)."""
+    def run(self, job: BatchJob, state: Path | None = None, on_step: StepCallback | None = None,
+            stop: Callable[[], bool] = lambda: False) -> Outcome:
+        """One job, its PNG as bytes for the driver to write. With `state`, a state left there by an interrupted
+        run of this job is continued, and a stop asked for ends the run with resume.Interrupted (its state kept
+        for the next time)."""
         start = time.perf_counter()
-        resume = None
-        if checkpoints is not None and checkpoints.path.is_file():
-            try:
-                resume = read_state(checkpoints.path)
-            except AnimaError:
-                resume = None  # a damaged state of this job is worth nothing: start over, the next checkpoint replaces it
         try:
-            result = self.pipeline.generate(job.params, on_step, checkpoints=checkpoints, resume=resume)
-            if not result.finite:
-                raise AnimaError("the final latent is not finite (NaN/Inf); no image was written")
+            published = self.runner.run(job.params, state=state, image=job.image, resume=saved_state(state),
+                                        on_step=on_step, stop=stop)
         except AnimaError as e:
             return Outcome(job.id, self.name, time.perf_counter() - start, error=str(e))
-        png = png_bytes(result.image, png_parameters(job.params, self.pipeline.files.dit.name, result))
-        return Outcome(job.id, self.name, time.perf_counter() - start, png=png, summary=result.summary(job.image))
+        return Outcome(job.id, self.name, time.perf_counter() - start, png=published.png, summary=published.record)
 
     def bench(self, job: BatchJob, sweep: Sweep, on_run: RunCallback | None = None,
               on_step: StepCallback | None = None) -> Outcome:

@@ -12,15 +12,9 @@ from PIL import Image
 
 from ..core.memory import peak_rss
 from ..errors import AnimaError
-from ..generation.pipeline import (
-    MAX_SEED,
-    AnimaPipeline,
-    Conditioning,
-    DecodePlan,
-    Denoised,
-    GenerationParams,
-    resolve_seed,
-)
+from ..generation.params import GenerationParams
+from ..generation.pipeline import AnimaPipeline
+from ..generation.result import Conditioning, DecodePlan, Denoised
 from ..sampling.caches import CACHE_NAMES, make_cache
 from ..sampling.euler import StepCallback, StepEvent
 
@@ -88,23 +82,6 @@ def parse_cache_list(text: str) -> list[str]:
     if len(set(names)) != len(names):
         raise AnimaError(f"a cache policy is listed twice in {text!r}")
     return names
-
-
-def parse_seed_list(text: str) -> list[int]:
-    try:
-        seeds = [resolve_seed(int(item)) for item in text.split(",") if item.strip()]
-    except ValueError:
-        raise AnimaError(f"--seeds must be a comma list of integers, got {text!r}") from None
-    for seed in seeds:
-        if not 0 <= seed <= MAX_SEED:
-            raise AnimaError(f"seeds must be integers from 0 to {MAX_SEED} (or -1 for a random one), got {seed}")
-    if not seeds:
-        raise AnimaError("--seeds needs at least one seed")
-    if len(seeds) > MAX_SEEDS:
-        raise AnimaError(f"--seeds lists {len(seeds)} seeds; at most {MAX_SEEDS} fit one report")
-    if len(set(seeds)) != len(seeds):
-        raise AnimaError(f"a seed is listed twice in {text!r}")
-    return seeds
 
 
 def policy_params(params: GenerationParams, caches: Sequence[str],

@@ -1,4 +1,5 @@
-"""`anima-rknn`: one click group; each command lives in its own module and registers itself here."""
+"""`anima-rknn`: the entry points (main, and run: the console script). The click group is in group.py; each
+command lives in its own module and registers itself there (commands.py imports them all)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,7 @@ import sys
 import click
 
 from ..errors import AnimaError, Terminated
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="anima-rknn")
-def cli() -> None:
-    """Anima text-to-image on small machines: CPU (PyTorch, ONNX Runtime) and the RK3588 NPU."""
+from .group import cli
 
 
 def _raise_terminated(signum: int, frame: object) -> None:

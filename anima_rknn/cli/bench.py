@@ -10,34 +10,22 @@ from typing import TYPE_CHECKING
 import click
 from tqdm import tqdm
 
-from ..batch.jobs import BatchJob, one_sweep, read_jobs
+from ..batch.jobs import BatchJob, one_sweep, prepare_jobs, read_jobs
 from ..batch.local import LocalRunner
+from ..batch.ray_runner import open_ray_runner
 from ..batch.results import Outcome
 from ..batch.worker import Worker
 from ..bench import DEFAULT_MIN_PSNR
-from ..bench.run import MAX_REPEATS
-from ..core.files import output_folder, save_png
+from ..bench.run import MAX_REPEATS, MAX_SEEDS
+from ..core.files import output_folder
 from ..errors import AnimaError
-from ..generation.pipeline import AnimaPipeline, GenerationParams, GenerationResult, png_parameters
+from ..generation.params import parse_seeds
+from ..generation.pipeline import AnimaPipeline
+from ..generation.result import GenerationResult, publish
 from ..model.model_set import resolve
 from ..sampling.euler import StepEvent
-from . import cli
-from .batch import check_jobs, ray_runner
-from .options import (
-    FINITE,
-    cache_options,
-    image_size,
-    lora_options,
-    lora_settings,
-    model_options,
-    ray_options,
-    rknn_options,
-    rknn_settings,
-    sampling_options,
-    vae_backend_options,
-    vae_options,
-    vae_tiling,
-)
+from .group import cli
+from .options import FINITE, lora_dir_option, model_options, params_from_cli, ray_options, setting_options
 
 if TYPE_CHECKING:
     from ..bench.run import BenchResult
@@ -60,24 +48,22 @@ def save_images(result: BenchResult, out: Path, model_name: str) -> None:
     for seed_result in result.seeds:
         for label, policy in {run_module.BASELINE: seed_result.baseline, **seed_result.cached}.items():
             run = policy.first
-            if run.image is not None:
+            if run.image is not None:  # a run that is not finite has no image (the report says so)
                 generation = GenerationResult(run.image, run.denoised.sample.latent, policy.params,
-                                              result.conditioning, run.denoised, run.decode_s, result.decode.backend)
-                save_png(run.image, out / report_module.image_file(label, seed_result.seed), overwrite=True,
-                         parameters=png_parameters(policy.params, model_name, generation))
+                                              result.conditioning, run.denoised, run.decode_s, result.decode.backend,
+                                              model_name)
+                publish(generation, out / report_module.image_file(label, seed_result.seed), overwrite=True)
 
 
 @cli.command("bench")
 @model_options
-@sampling_options
-@rknn_options
+@setting_options(skip=("cache",))
+@lora_dir_option
 @click.option("--cache", "caches", default="spectrum", show_default=True,
               help="Cache policy, or a comma list (spectrum,spectrum-plus,reuse) each run against one shared "
                    "baseline; none gives a second uncached run.")
-@click.option("--cache-option", "cache_option", default=None,
-              help='Options for every cached policy, e.g. "w=0.4,m=3,lam=1.0,window=2,flex=0.5,warmup=4,stop=0.9".')
-@click.option("--seeds", default=None, help="Comma list of seeds (one table per seed plus aggregates); "
-                                            "overrides --seed.")
+@click.option("--seeds", default=None, help=f"Seeds, e.g. 1-8 or 1,5,9-12 (one table per seed plus aggregates; "
+                                            f"at most {MAX_SEEDS}); overrides --seed.")
 @click.option("--jobs", "jobs_file", type=click.Path(dir_okay=False), default=None,
               help="Take the prompt and seeds from a `batch` jobs file instead (one prompt's seeds: its jobs may "
                    "differ only in their seed).")
@@ -88,54 +74,44 @@ def save_images(result: BenchResult, out: Path, model_name: str) -> None:
 @click.option("--min-ssim", type=FINITE, default=None, help="Verdict threshold on SSIM too (not checked by default).")
 @click.option("--fail-on-verdict", is_flag=True,
               help=f"Exit with code {VERDICT_FAILED_EXIT} when the verdict fails (for scripts).")
-@vae_options
-@vae_backend_options
-@lora_options
 @ray_options
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False),
               help="Folder for report.json, report.md, the images and plots.")
 @click.option("--overwrite", is_flag=True, help="Write into a non-empty --out folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print report.json on stdout too.")
-def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, prompt, negative, width, height, steps,
-          cfg, seed, shift, dtype, backend, subgraphs, rknn_runtime, rknn_budget, rknn_core_mask, caches,
-          cache_option, seeds, jobs_file, repeat, min_psnr, min_ssim, fail_on_verdict, tiling, vae_tile_size,
-          vae_tile_overlap, vae_backend, vae_subgraphs, lora, lora_dir, lora_ignore_unmatched, ray_address, ray_resources,
-          ray_workers, out, overwrite, as_json) -> None:
+def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, caches, seeds, jobs_file, repeat, min_psnr,
+          min_ssim, fail_on_verdict, ray_address, ray_resources, ray_workers, out, overwrite, as_json,
+          **settings) -> None:
     """Cached vs uncached baseline with the same weights, seed and noise: speed, work and image fidelity."""
     run_module, report_module, figures = bench_modules()
     cache_names = run_module.parse_cache_list(caches)
-    if jobs_file is not None and (prompt is not None or seeds is not None):
+    if jobs_file is not None and (settings["prompt"] is not None or seeds is not None):
         raise AnimaError("--jobs gives the prompt and the seeds: drop --prompt and --seeds")
-    if prompt is None and jobs_file is None:
+    if settings["prompt"] is None and jobs_file is None:
         raise AnimaError("pass --prompt (or --jobs JOBS)")
-    seed_list = run_module.parse_seed_list(seeds) if seeds else [seed]
-    options = cache_options(cache_option, {})
     files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
                     t5_tokenizer=t5_tokenizer)
-    width, height = image_size(files, width, height)
-    prompt, loras = lora_settings(prompt or "", lora, lora_dir)
-    params = GenerationParams(prompt=prompt, negative=negative, width=width, height=height, steps=steps, cfg=cfg,
-                              seed=seed_list[0], shift=shift, dtype=dtype, backend=backend,
-                              subgraphs=Path(subgraphs) if subgraphs else None,
-                              rknn=rknn_settings(rknn_runtime, rknn_budget, rknn_core_mask),
-                              vae_tiling=vae_tiling(tiling), vae_tile=vae_tile_size, vae_overlap=vae_tile_overlap,
-                              vae_backend=vae_backend, vae_subgraphs=vae_subgraphs, loras=loras,
-                              lora_ignore_unmatched=lora_ignore_unmatched)
+    params = params_from_cli(files, settings)
+    # The cache options are the cached sides'; every job's own settings are the baseline's (cache none).
+    cache_options, params = params.cache_options, dataclasses.replace(params, cache_options={})
+    seed_list = [params.seed] if seeds is None else parse_seeds(seeds, MAX_SEEDS)  # params drew a seed of -1
+    params = dataclasses.replace(params, seed=seed_list[0])
     if jobs_file is not None:
-        jobs = read_jobs(jobs_file, params, lora_dir=lora_dir)
-        params, seed_list = one_sweep(jobs, run_module.MAX_SEEDS)
+        jobs = read_jobs(jobs_file, params, lora_dir=settings["lora_dir"])
+        params, seed_list = one_sweep(jobs, MAX_SEEDS)
     else:
         jobs = [BatchJob(0, dataclasses.replace(params, seed=one_seed)) for one_seed in seed_list]
-    sweep = run_module.Sweep(tuple(cache_names), options, repeat)
-    run_module.policy_params(params, cache_names, options)  # bad options fail here, before the folder is made
-    expected = check_jobs(jobs, AnimaPipeline(files), jobs_file)
+    sweep = run_module.Sweep(tuple(cache_names), cache_options, repeat)
+    run_module.policy_params(params, cache_names, cache_options)  # bad options fail before the folder is made
+    expected = prepare_jobs(jobs, AnimaPipeline(files), jobs_file)
     out_dir = Path(out)
     output_folder(out_dir, overwrite=overwrite, names=["report.json", "report.md"], holds="a bench report" if (out_dir / "report.json").exists() else "other files")
 
-    sides = 1 + len(cache_names)
+    sides, steps = 1 + len(cache_names), params.steps
     with contextlib.ExitStack() as stack, tqdm(total=len(jobs) * repeat * sides * steps, desc="bench", unit="step",
                                                file=sys.stderr, dynamic_ncols=True) as bar:
-        ray = ray_runner(stack, ray_address, ray_resources, ray_workers, files, expected, keep_models=True)
+        ray = open_ray_runner(stack, ray_address, ray_resources, ray_workers, files, expected, keep_models=True,
+                              warn=lambda line: tqdm.write(line, file=sys.stderr))
         parts: dict[str, BenchResult] = {}
 
         def publish(job: BatchJob, outcome: Outcome) -> None:

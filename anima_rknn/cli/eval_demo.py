@@ -19,9 +19,9 @@ from ..demo.evaluate import (
     judge,
     prompt_set,
 )
-from ..generation.pipeline import resolve_seed
+from ..generation.params import resolve_seed
 from ..sampling.caches import CACHE_NAMES
-from . import cli
+from .group import cli
 from .options import FINITE, lora_file_options, lora_settings
 
 

@@ -9,7 +9,7 @@ import click
 from ..export.onnx import export_subgraphs
 from ..model.lora import lora_tag, parse_lora_option
 from ..model.model_set import part_file
-from . import cli
+from .group import cli
 from .options import dit_image_size, lora_file_options
 
 EXPORT_DTYPES = {"fp32": "float32", "fp16": "float16"}

@@ -8,7 +8,7 @@ import click
 
 from ..export.vae import DEFAULT_OVERLAP, DEFAULT_TILE, export_vae_decoder
 from ..model.model_set import part_file
-from . import cli
+from .group import cli
 
 
 @cli.command("export-vae")

@@ -1,36 +1,27 @@
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import shlex
-import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import click
 from click.core import ParameterSource
 from tqdm import tqdm
 
-from ..core.files import check_output_file, json_text, save_png
+from ..core.files import check_output_file, json_text
 from ..errors import AnimaError
-from ..generation.pipeline import MAX_STEPS, AnimaPipeline, GenerationParams, png_parameters
-from ..generation.resume import (
-    SETTINGS,
-    STATE_SUFFIX,
-    Checkpoints,
-    Interrupted,
-    ResumeState,
-    default_state_path,
-    output_of_state,
-    read_state,
-)
+from ..generation.params import MAX_STEPS, SETTINGS, GenerationParams
+from ..generation.pipeline import AnimaPipeline
+from ..generation.result import NotFinite
+from ..generation.resume import STATE_SUFFIX, Interrupted, ResumeState, default_state_path, output_of_state, read_state
+from ..jobs.runner import JobRunner
 from ..model.model_set import resolve
 from ..sampling.euler import StepCallback, StepEvent
 from ..vae.preview import PreviewWriter
-from . import cli
-from .options import SPECTRUM_FLAGS, generation_options, generation_params
+from .group import cli
+from .options import cli_names, generation_options, params_from_cli
+from .signals import stop_on_signals
 
 
 @cli.command("generate")
@@ -67,7 +58,7 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
             raise AnimaError(f"pass --out: {resume_path} does not say which image it was for")
     elif settings["prompt"] is None:
         raise AnimaError("pass --prompt (or --resume STATE to continue a stopped run)")
-    params = generation_params(files, **settings)
+    params = params_from_cli(files, settings)
     if resumed is not None:  # the state's settings, except where the command line says otherwise (then refused)
         params = settings_from_state(params, resumed, given)
     params.validate()
@@ -78,7 +69,6 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
     # A resumed run takes over its own earlier preview.
     previews = preview_listener(preview, out_path, files.vae, preview_every, preview_vae, params.vae_tile,
                                 overwrite or resumed is not None)
-    pipeline = AnimaPipeline(files)
     warned: set[str] = set()
 
     def warn_once(e: AnimaError) -> None:
@@ -86,8 +76,7 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
             warned.add(str(e))
             click.echo(f"\nwarning: checkpoint not written (the run goes on): {e}", err=True)
 
-    checkpoints = Checkpoints(state_path, checkpoint_every, stop=lambda: bool(stops), warn=warn_once)
-
+    runner = JobRunner(AnimaPipeline(files), checkpoint_every=checkpoint_every, warn=warn_once)
     bars: list[tqdm] = []  # opened at the first step, so that an error before it prints no empty bar
 
     def on_step(event: StepEvent) -> None:
@@ -100,11 +89,15 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
             previews(event)
 
     stopped: Interrupted | None = None
+    failed: NotFinite | None = None
     try:
         with stop_on_signals() as stops:
-            result = pipeline.generate(params, on_step=on_step, checkpoints=checkpoints, resume=resumed)
+            report = runner.run(params, state=state_path, to=out_path, overwrite=overwrite, resume=resumed,
+                                on_step=on_step, stop=lambda: bool(stops)).record
     except Interrupted as e:
         stopped = e
+    except NotFinite as e:  # reported like a finished run, then refused
+        failed, report = e, e.record
     finally:
         for bar in bars:
             bar.close()
@@ -114,16 +107,11 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
                    f"--resume {shlex.quote(str(stopped.path))}", err=True)
         sys.exit(128 + stops[0])
 
-    if result.finite:
-        save_png(result.image, out_path, overwrite=overwrite,
-                 parameters=png_parameters(result.params, files.dit.name, result))
-        checkpoints.remove()  # published: nothing left to resume
-    report = result.summary(str(out_path) if result.finite else None)
     if as_json:
         click.echo(json_text(report))
     echo = (lambda s: click.echo(s, err=True)) if as_json else click.echo
     t = report["timings"]
-    echo(f"{'wrote ' + str(out_path) if result.finite else 'NO IMAGE WRITTEN'}: {params.width}x{params.height}, "
+    echo(f"{'wrote ' + str(out_path) if failed is None else 'NO IMAGE WRITTEN'}: {params.width}x{params.height}, "
          f"{params.steps} steps, cache {params.cache}: computed {len(report['computed_steps'])}/{params.steps} "
          f"steps, {report['transformer_passes']} transformer passes, {report['subgraph_runs']} subgraph runs; "
          f"encode {t['encode_s']:.2f}s, denoise {t['denoise_s']:.2f}s, decode {t['decode_s']:.2f}s, "
@@ -133,20 +121,13 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
              "the uncached run's, estimated from the forecasts' measured errors)")
     if report["recomputed_steps"]:
         echo(f"numerical guard: non-finite forecast, recomputed steps {report['recomputed_steps']}")
-    if not result.finite:
-        raise AnimaError("the final latent is not finite (NaN/Inf); no image was written")
-
-
-# Command-line names of the settings a resume state holds, where they differ from GenerationParams' names.
-_FLAG_OF = {"vae_tiling": "tiling", "vae_tile": "vae_tile_size", "vae_overlap": "vae_tile_overlap", "loras": "lora"}
+    if failed is not None:
+        raise failed
 
 
 def settings_from_state(params: GenerationParams, resumed: ResumeState, given: set[str]) -> GenerationParams:
     """The state's settings; a setting also given on the command line must agree (check() names a difference)."""
-    cache_flags = {"cache_option", *(f"spectrum_{key}" for key in SPECTRUM_FLAGS)}
-    keep = {name for name in SETTINGS
-            if _FLAG_OF.get(name, name) in given or (name == "cache_options" and cache_flags & given)}
-    taken = {name: getattr(resumed.params, name) for name in SETTINGS if name not in keep}
+    taken = {name: getattr(resumed.params, name) for name in SETTINGS if not cli_names(name) & given}
     merged = dataclasses.replace(params, **taken)
     resumed.check_settings(merged)
     return merged
@@ -183,34 +164,3 @@ def check_state_file(path: Path, overwrite: bool) -> None:
         raise AnimaError(f"{path} holds a stopped run: continue it with --resume {shlex.quote(str(path))}, "
                          "or pass --overwrite to start over")
     check_output_file(path, overwrite=True, suffixes=(STATE_SUFFIX,))
-
-
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[list[int]]:
-    """The first SIGINT/SIGTERM/SIGHUP asks the run to stop after its current step (the list gets the signal's
-    number); a second one aborts at once, as the handlers outside this block would."""
-    stops: list[int] = []
-    # Signals the user chose to ignore (nohup, a background job) stay ignored.
-    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-             if signal.getsignal(signum) is not signal.SIG_IGN}
-
-    def request_stop(signum: int, frame: object) -> None:
-        if stops:
-            if signum == signal.SIGINT:  # a second Ctrl-C: the user means it
-                signal.signal(signum, saved[signum])
-                signal.raise_signal(signum)
-            return  # a repeated SIGTERM/SIGHUP (systemd signals every process of the unit) changes nothing
-        stops.append(signum)
-        # os.write, not click.echo: a handler must not re-enter a buffered stream (tqdm may be writing to it),
-        # and on a hung-up terminal the write fails, which must not end the run.
-        with contextlib.suppress(OSError):
-            os.write(2, f"\n{signal.Signals(signum).name}: stopping after this step "
-                        "(Ctrl-C again to abort at once)\n".encode())
-
-    for signum in saved:
-        signal.signal(signum, request_stop)
-    try:
-        yield stops
-    finally:
-        for signum, handler in saved.items():
-            signal.signal(signum, handler)

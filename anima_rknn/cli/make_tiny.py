@@ -5,7 +5,7 @@ from pathlib import Path
 import click
 
 from ..demo.tiny_set import write_model_set
-from . import cli
+from .group import cli
 
 
 @cli.command("make-tiny")

@@ -3,34 +3,30 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import click
-import numpy as np
 import torch
 
 from ..core.files import json_text
-from ..engine.backends.rknn import RUNTIMES, RknnBackend
-from ..engine.backends.torch import TorchBackend
+from ..engine.backends.rknn import RUNTIMES
 from ..engine.memory_plan import parse_size, plan_memory, plan_vae, predict_memory
-from ..engine.split import SplitEngine
+from ..engine.verify import DEFAULT_MIN_COSINE, accuracy_table, converted_size, flagged, verify_dit_set
 from ..engine.verify_vae import DEFAULT_MIN_PSNR, verify_vae_set
 from ..errors import AnimaError
 from ..export.manifest import read_manifest, set_kind
 from ..export.onnx import token_count
-from ..export.rknn import convert_subgraphs, read_converted_manifest
+from ..export.rknn import convert_subgraphs
 from ..export.vae import check_image_fits
 from ..generation.pipeline import AnimaPipeline, initial_noise
 from ..model.config import PRESETS
-from ..model.dit import AnimaDiT
-from ..model.io import load_dit
 from ..model.model_set import resolve
-from . import cli
+from .group import cli
 from .options import FINITE, model_options
 
-DEFAULT_MIN_COSINE = 0.999
 VERIFY_PROMPT = "1girl, long hair, smile, looking at viewer, flowers, blue sky"
+
 
 @cli.command("convert-rknn")
 @click.option("--subgraphs", required=True, type=click.Path(file_okay=False, exists=True, path_type=Path),
@@ -77,69 +73,6 @@ def plan(subgraphs: Path | None, preset: str | None, width: int, height: int, bu
         click.echo(plan_vae(vae_set, width, height, budget_bytes).describe(memory))
 
 
-@dataclass(frozen=True)
-class SubgraphAccuracy:
-    index: int
-    file: str
-    cosine: float
-    max_rel_error: float  # max |rknn - torch| over max |torch|: relative to the output's scale
-
-
-class RecordingBackend:
-    """Passes each subgraph run through to `inner` and keeps its inputs and output."""
-
-    name = "recording"
-
-    def __init__(self, inner: TorchBackend) -> None:
-        self.inner = inner
-        self.records: dict[int, tuple[dict[str, np.ndarray], np.ndarray]] = {}
-
-    def run(self, index: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        output = self.inner.run(index, inputs)
-        self.records[index] = ({name: array.copy() for name, array in inputs.items()}, output.copy())
-        return output
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-def capture_pass(dit: AnimaDiT, latent: torch.Tensor, sigma: float, context: torch.Tensor) -> RecordingBackend:
-    """One fp32 torch split pass; every subgraph's real inputs and fp32 output, by index."""
-    recorder = RecordingBackend(TorchBackend(dit, torch.float32))
-    engine = SplitEngine(dit, recorder)
-    engine.velocity(latent, sigma, context)
-    engine.close()
-    return recorder
-
-
-def agreement(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
-    """Cosine similarity and max error relative to the reference's largest magnitude, in float64."""
-    g, w = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
-    cosine = float(g @ w / max(np.linalg.norm(g) * np.linalg.norm(w), np.finfo(np.float64).tiny))
-    return cosine, float(np.abs(g - w).max() / max(np.abs(w).max(), np.finfo(np.float64).tiny))
-
-
-def verify_subgraphs(rknn_dir: Path, recorder: RecordingBackend, runtime: str = "auto") -> list[SubgraphAccuracy]:
-    """Run every converted subgraph on its recorded inputs, one context at a time, against fp32 torch."""
-    backend = RknnBackend(rknn_dir, runtime=runtime, max_resident=1)
-    files = {record["index"]: record["rknn_file"] for record in backend.conversion["subgraphs"]}
-    results = []
-    try:
-        for index, (inputs, want) in sorted(recorder.records.items()):
-            results.append(SubgraphAccuracy(index, files[index], *agreement(backend.run(index, inputs), want)))
-    finally:
-        backend.close()
-    return results
-
-
-def accuracy_table(results: list[SubgraphAccuracy], min_cosine: float) -> str:
-    lines = [f"{'#':>3}  {'subgraph':<22}{'cosine':>12}{'max rel err':>13}"]
-    for r in results:
-        flag = f"  BELOW {min_cosine}" if r.cosine < min_cosine else ""
-        lines.append(f"{r.index:>3}  {r.file:<22}{r.cosine:>12.7f}{r.max_rel_error:>13.2e}{flag}")
-    return "\n".join(lines)
-
-
 @cli.command("verify-rknn")
 @model_options
 @click.option("--subgraphs", required=True, type=click.Path(file_okay=False, exists=True, path_type=Path),
@@ -155,7 +88,8 @@ def accuracy_table(results: list[SubgraphAccuracy], min_cosine: float) -> str:
               help="VAE sets: side in pixels of the pictures decoded (default: one tile; larger ones blend tiles).")
 @click.option("--min-psnr", type=FINITE, default=DEFAULT_MIN_PSNR, show_default=True,
               help="VAE sets: flag decoded pictures whose PSNR against fp32 torch is below this (dB).")
-def verify_rknn(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, subgraphs: Path, prompt: str, seed: int,
+def verify_rknn(model: str | None, dit: str | None, text_encoder: str | None, vae: str | None,
+                qwen_tokenizer: str | None, t5_tokenizer: str | None, subgraphs: Path, prompt: str, seed: int,
                 runtime: str, min_cosine: float, as_json: bool, image_size: int | None, min_psnr: float) -> None:
     """Accuracy of every converted subgraph against fp32 torch, on the inputs of a real first denoising step.
 
@@ -170,23 +104,20 @@ def verify_rknn(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, sub
         return
     files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
                     t5_tokenizer=t5_tokenizer)
-    stored = read_manifest(subgraphs)
-    width, height = stored["width"], stored["height"]
-    read_converted_manifest(subgraphs, dit_path=files.dit, width=width, height=height)
+    width, height = converted_size(subgraphs, files.dit)
     context = AnimaPipeline(files).encode(prompt, "").positive
-    sigma = 1.0
+    sigma = 1.0  # the first denoising step, where the latent is the initial noise alone
     latent = torch.from_numpy(initial_noise(seed, width, height))
-    recorder = capture_pass(load_dit(files.dit, torch.float32), latent, sigma, context)
-    results = verify_subgraphs(subgraphs, recorder, runtime)
+    results = verify_dit_set(subgraphs, files.dit, latent, sigma, context, runtime)
 
-    flagged = [r.file for r in results if r.cosine < min_cosine]
+    below = flagged(results, min_cosine)
     if as_json:
         click.echo(json_text({"subgraphs": [asdict(r) for r in results], "min_cosine": min_cosine, "sigma": sigma,
-                               "seed": seed, "prompt": prompt, "flagged": flagged}))
+                               "seed": seed, "prompt": prompt, "flagged": below}))
     else:
         click.echo(accuracy_table(results, min_cosine))
-    if flagged:
-        raise AnimaError(f"{len(flagged)} of {len(results)} subgraphs below cosine {min_cosine}: {', '.join(flagged)}")
+    if below:
+        raise AnimaError(f"{len(below)} of {len(results)} subgraphs below cosine {min_cosine}: {', '.join(below)}")
     click.echo(f"all {len(results)} subgraphs at cosine >= {min_cosine}", err=as_json)
 
 

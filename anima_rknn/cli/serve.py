@@ -7,14 +7,16 @@ from pathlib import Path
 
 import click
 
-from ..core.cpu_speed import resolve_dtype
+from ..core.cpu_speed import AUTO, resolve_dtype
 from ..engine.vae_auto import choose_vae_backend
 from ..errors import AnimaError
-from ..generation.pipeline import MAX_SIDE, MAX_STEPS, AnimaPipeline, GenerationParams
+from ..generation.params import MAX_SIDE, MAX_STEPS, SERVER_SETTINGS, build, default
+from ..generation.pipeline import AnimaPipeline
+from ..model.io import trained_image_size
 from ..model.model_set import resolve
 from ..sampling.caches import CACHE_NAMES
-from . import cli
-from .options import dtype_option, lora_dir_option, model_options, rknn_options, rknn_settings
+from .group import cli
+from .options import lora_dir_option, model_options, setting_options, setting_values
 
 
 @cli.command("serve")
@@ -34,19 +36,15 @@ from .options import dtype_option, lora_dir_option, model_options, rknn_options,
               help="Largest width or height a request may ask for.")
 @click.option("--max-steps", type=click.IntRange(1, MAX_STEPS), default=150, show_default=True,
               help="Most steps a request may ask for.")
-@dtype_option()
-@click.option("--backend", default="torch", show_default=True, help="torch | onnx | rknn.")
-@click.option("--subgraphs", type=click.Path(file_okay=False), default=None)
+@setting_options(*SERVER_SETTINGS)
 @click.option("--keep-models/--no-keep-models", default=None,
               help="Keep the DiT loaded between jobs (faster), or load each stage per job as the CLI does (least "
                    "memory). Default: keep, except on the rknn backend (the board's 8 GB).")
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' (OpenAI clients send it).")
 @click.option("--api-auth", default=None, help="Require HTTP basic auth USER:PASS (as WebUI's --api-auth).")
-@rknn_options
 @lora_dir_option
 def serve(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host, port, data_dir, max_queue, cache,
-          checkpoint_every, max_side, max_steps, dtype, backend, subgraphs, keep_models, api_key, api_auth,
-          rknn_runtime, rknn_budget, rknn_core_mask, lora_dir) -> None:
+          checkpoint_every, max_side, max_steps, keep_models, api_key, api_auth, lora_dir, **settings) -> None:
     """Serve the model over HTTP until Ctrl-C; a job running then resumes at the next start."""
     import uvicorn
 
@@ -61,18 +59,20 @@ def serve(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host, por
         raise AnimaError("--api-auth must be USER:PASS")
     files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
                     t5_tokenizer=t5_tokenizer)
-    keep = backend != "rknn" if keep_models is None else keep_models
-    engine = {"dtype": resolve_dtype(dtype), "backend": backend,  # dtype probed once here, not per request
-              "subgraphs": Path(subgraphs) if subgraphs else None,
-              "rknn": rknn_settings(rknn_runtime, rknn_budget, rknn_core_mask)}
-    # Requests decode with --vae-backend auto at the default tile: probe (and export its ONNX set) now, not while
-    # the first request's HTTP call waits.
-    choose_vae_backend(files.vae, GenerationParams.vae_tile, GenerationParams.vae_tile, GenerationParams.vae_tile,
-                       GenerationParams.vae_overlap, tiling=True, torch_tile=None)
+    engine = setting_values(settings)  # the server's own settings (SERVER_SETTINGS), the same for every request
+    engine["dtype"] = resolve_dtype(engine["dtype"])  # probed once here, not per request
+    build(engine).validate()  # a bad server setting is refused now, not in every request
+    keep = engine["backend"] != "rknn" if keep_models is None else keep_models
+    if engine["vae_backend"] == AUTO:
+        # Requests decode with --vae-backend auto, by default at the default tile: probe (and export its ONNX set)
+        # now, not while the first request's HTTP call waits.
+        tile = default("vae_tile")
+        choose_vae_backend(files.vae, tile, tile, tile, default("vae_overlap"), tiling=True, torch_tile=None)
     queue = JobQueue(AnimaPipeline(files, keep_dit=keep), Path(data_dir), max_queue=max_queue,
                      checkpoint_every=checkpoint_every, engine=engine)
     app = Server(queue, default_cache=cache, max_side=max_side, max_steps=max_steps, model_name=files.dit.stem,
-                 engine=engine, api_key=api_key, api_auth=api_auth, lora_dir=lora_dir).app()
+                 engine=engine, api_key=api_key, api_auth=api_auth, lora_dir=lora_dir,
+                 native_size=trained_image_size(files.dit)).app()
     if not loopback and not (api_key or api_auth):
         click.echo(f"warning: listening on {host} without authentication: anyone who reaches it can use it",
                    err=True)

@@ -10,7 +10,7 @@ import click
 
 from ..demo.train import DemoConfig, train_demo
 from ..demo.train_lora import LoraTrainConfig, train_demo_lora
-from . import cli
+from .group import cli
 from .options import FINITE
 
 

@@ -20,7 +20,8 @@ from tqdm import tqdm
 
 from ..checks import is_int_in, shown
 from ..errors import AnimaError
-from ..generation.pipeline import AnimaPipeline, GenerationParams
+from ..generation.params import GenerationParams
+from ..generation.pipeline import AnimaPipeline
 from ..model.lora import LoraRef
 from ..model.model_set import from_model_dir
 from . import dataset

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from ..checks import is_integer, is_number, require
 from ..errors import AnimaError
-from ..generation.pipeline import DEFAULT_NEGATIVE
+from ..generation.params import DEFAULT_NEGATIVE
 from ..model.dit import AnimaDiT
 from ..model.model_set import ModelFiles
 from ..sampling.schedule import shift_sigma

@@ -1,227 +1,46 @@
 """Text -> image, one stage at a time: each model is loaded only while its stage runs.
 
 encode (Qwen3, then the LLM adapter) -> denoise (sampler -> engine -> backend) -> decode (Wan VAE).
-The CLI and the bench both drive this object; nothing here prints.
+Every front end drives this object through the generation layer (params -> pipeline -> result); nothing here
+prints.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import secrets
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from PIL import Image
 
-from ..core.cpu_speed import AUTO, resolve_dtype
+from ..core.cpu_speed import AUTO
 from ..core.files import cached_sha256
 from ..core.memory import available_bytes, return_freed_memory
 from ..core.tensorfile import fingerprint, read_shapes
-from ..engine import BACKENDS, RknnOptions, make_engine, subgraph_manifest
+from ..engine import RknnOptions, make_engine, subgraph_manifest
 from ..engine.vae_auto import choose_vae_backend
-from ..engine.vae_tiles import VAE_BACKENDS, open_tile_decoder, vae_set_manifest
+from ..engine.vae_tiles import open_tile_decoder, vae_set_manifest
 from ..errors import AnimaError
 from ..export.manifest import MANIFEST
 from ..model.io import load_dit, load_llm_adapter, read_dit_config
-from ..model.lora import MAX_LORAS, Lora, LoraRef, lora_fingerprints, lora_refs, lora_tag, open_loras
+from ..model.lora import Lora, LoraRef, lora_fingerprints, open_loras
 from ..model.model_set import ModelFiles
 from ..sampling.caches import make_cache
-from ..sampling.euler import SampleResult, StepCallback, sample_euler
+from ..sampling.euler import StepCallback, sample_euler
 from ..sampling.schedule import flow_sigmas
 from ..text import PromptTokenizer, load_text_encoder, qwen3_config_from_shapes
-from ..text.prompt import parse_prompt_weights
 from ..vae import decode_tiled, load_vae, read_vae_config
-from ..vae.tiling import TILING_MODES, plan_tiling
+from ..vae.tiling import plan_tiling
+from .params import MAX_PROMPT_TOKENS, GenerationParams
+from .result import Conditioning, DecodePlan, Denoised, GenerationResult
 
 if TYPE_CHECKING:
     from .resume import Checkpoints, ResumeState
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-DEFAULT_NEGATIVE = "worst quality, low quality, score_1, score_2, score_3, blurry, jpeg artifacts, sepia"
-
-
-MAX_SIDE = 4096  # pixels; a 16-megapixel image, 4x what Anima was trained for
-MAX_STEPS = 1000
-MAX_PROMPT_CHARS = 20_000
-MAX_PROMPT_TOKENS = 4096  # Qwen3 tokens; its attention over a prompt grows with the square of this
-MAX_CFG, MAX_SHIFT = 100.0, 100.0
-RANDOM_SEED = -1  # as in WebUI: draw a seed; the one drawn is what params, JSON and PNG report
-MAX_SEED = 2**64 - 1
-
-
-def resolve_seed(seed: int) -> int:
-    """RANDOM_SEED becomes a freshly drawn 64-bit seed; any other value is kept (and checked by validate)."""
-    return secrets.randbits(64) if seed == RANDOM_SEED and not isinstance(seed, bool) else seed
-
-
-def _check_int(name: str, value: object, low: int, high: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise AnimaError(f"{name} must be an integer from {low} to {high}, got {value!r}")
-
-
-def _check_number(name: str, value: object, low: float, high: float) -> None:
-    if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
-            or not low <= value <= high):
-        raise AnimaError(f"{name} must be a finite number from {low:g} to {high:g}, got {value!r}")
-
-
-def check_text(name: str, value: object) -> None:
-    """Prompts are str, valid UTF-8 (command-line bytes that are not arrive as lone surrogates), bounded."""
-    if not isinstance(value, str):
-        raise AnimaError(f"the {name} must be text, got {type(value).__name__}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise AnimaError(f"the {name} is not valid UTF-8 text") from None
-    if len(value) > MAX_PROMPT_CHARS:
-        raise AnimaError(f"the {name} has {len(value)} characters; at most {MAX_PROMPT_CHARS} are accepted")
-
-
-@dataclasses.dataclass
-class GenerationParams:
-    prompt: str
-    negative: str = DEFAULT_NEGATIVE
-    width: int = 512
-    height: int = 512
-    steps: int = 20
-    cfg: float = 4.0
-    seed: int = 20260812  # 0 .. 2**64-1, or RANDOM_SEED (-1) to draw one
-    shift: float = 3.0
-    dtype: str = "fp32"
-    cache: str = "none"
-    cache_options: dict[str, float | str] = dataclasses.field(default_factory=dict)
-    backend: str = "torch"
-    subgraphs: Path | None = None
-    rknn: RknnOptions = dataclasses.field(default_factory=RknnOptions)  # used by the rknn backend only
-    vae_tiling: str = "auto"  # auto: tiles only when decoding in one piece would not fit the free memory
-    vae_tile: int = 512  # pixels
-    vae_overlap: int = 64
-    # onnx / rknn: fixed-shape decoder tiles from an exported VAE set, blended here; auto: torch or onnx, whichever
-    # decodes this image faster on this CPU (prepare() resolves it; the result reports the one used)
-    vae_backend: str = AUTO
-    vae_subgraphs: Path | None = None  # that set (export-vae; convert-rknn for rknn)
-    loras: list[LoraRef] = dataclasses.field(default_factory=list)  # merged into the DiT and its adapter
-    lora_ignore_unmatched: bool = False  # skip LoRA keys that name no layer of this model
-
-    def __post_init__(self) -> None:
-        self.seed = resolve_seed(self.seed)
-        self.dtype = resolve_dtype(self.dtype)  # "auto": what this CPU runs fastest (cpu_speed); reported as chosen
-        if isinstance(self.loras, (list, tuple)):  # from JSON (resume states, requests): paths and scales
-            self.loras = lora_refs(self.loras)
-
-    def validate(self) -> None:
-        """Every setting checked before any model loads: one AnimaError line for the first problem."""
-        for name, text in (("prompt", self.prompt), ("negative prompt", self.negative)):
-            check_text(name, text)
-            parse_prompt_weights(text)  # refuses nesting beyond its bound now, not after the models load
-        for name in ("width", "height"):
-            _check_int(name, getattr(self, name), 16, MAX_SIDE)
-        if self.width % 16 or self.height % 16:
-            raise AnimaError(f"width and height must be positive multiples of 16, got {self.width}x{self.height}")
-        _check_int("steps", self.steps, 1, MAX_STEPS)
-        _check_int("seed", self.seed, 0, MAX_SEED)
-        _check_number("cfg", self.cfg, 0.0, MAX_CFG)
-        _check_number("shift", self.shift, 1e-3, MAX_SHIFT)
-        if self.dtype not in DTYPES:
-            raise AnimaError(f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
-        if self.backend not in BACKENDS:
-            raise AnimaError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
-        if self.vae_tiling not in TILING_MODES:
-            raise AnimaError(f"unknown VAE tiling mode {self.vae_tiling!r}; choose one of {', '.join(TILING_MODES)}")
-        _check_int("VAE tile size", self.vae_tile, 64, MAX_SIDE)
-        _check_int("VAE tile overlap", self.vae_overlap, 0, self.vae_tile // 2)
-        if self.vae_tile % 8 or self.vae_overlap % 8:
-            raise AnimaError(f"VAE tile size and overlap must be multiples of 8 pixels, "
-                             f"got {self.vae_tile} and {self.vae_overlap}")
-        if self.vae_backend not in VAE_BACKENDS:
-            raise AnimaError(f"unknown VAE backend {self.vae_backend!r}; choose one of {', '.join(VAE_BACKENDS)}")
-        if self.vae_backend in ("torch", AUTO) and self.vae_subgraphs is not None:
-            raise AnimaError(f"a VAE set (--vae-subgraphs) runs on --vae-backend onnx or rknn, not {self.vae_backend}"
-                             + (" (which exports and caches its own)" if self.vae_backend == AUTO else ""))
-        if self.vae_backend in ("onnx", "rknn") and self.vae_tiling == "off":
-            raise AnimaError(f"the {self.vae_backend} VAE backend always decodes in its set's tiles: "
-                             "drop --no-vae-tiling")
-        if not isinstance(self.cache_options, dict):
-            raise AnimaError("cache options must be a dict of option names to values")
-        make_cache(self.cache, self.steps, self.cache_options)  # bad cache options fail before any model loads
-        if not isinstance(self.loras, list) or len(self.loras) > MAX_LORAS:
-            raise AnimaError(f"loras must be a list of at most {MAX_LORAS} LoRA files with scales")
-        for ref in self.loras:
-            ref.check()
-        if not isinstance(self.lora_ignore_unmatched, bool):
-            raise AnimaError("lora_ignore_unmatched must be true or false")
-
-
-@dataclasses.dataclass
-class Conditioning:
-    """Both prompts as DiT context rows [1, context_tokens, context_dim]."""
-
-    positive: torch.Tensor
-    negative: torch.Tensor
-    encode_s: float
-
-
-@dataclasses.dataclass
-class Denoised:
-    sample: SampleResult
-    transformer_passes: int
-    subgraph_runs: int
-    denoise_s: float
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodePlan:
-    """How a run's latent becomes its image, fixed by prepare() before any denoising: in one piece (tile None)
-    or in `tile`-px tiles overlapping by `overlap`, on `backend` (torch, or onnx / rknn running the VAE set in
-    `subgraphs`); never auto, which prepare() resolves."""
-
-    tile: int | None = None
-    overlap: int = 64
-    backend: str = "torch"
-    subgraphs: Path | None = None
-
-
-@dataclasses.dataclass
-class GenerationResult:
-    image: Image.Image | None  # None when the latent is not finite
-    latent: np.ndarray
-    params: GenerationParams
-    conditioning: Conditioning
-    denoised: Denoised
-    decode_s: float
-    vae_backend: str | None = None  # the VAE backend that decoded (DecodePlan.backend); None: params.vae_backend
-
-    @property
-    def finite(self) -> bool:
-        return self.denoised.sample.finite
-
-    def timings(self) -> dict[str, float]:
-        denoise_s = self.denoised.denoise_s
-        return {"encode_s": self.conditioning.encode_s, "denoise_s": denoise_s, "decode_s": self.decode_s,
-                "total_s": denoise_s + self.decode_s}
-
-    def summary(self, image: str | None) -> dict[str, Any]:
-        """The one result record: `generate --json` prints it, a server job and a batch result line report it.
-        `image` says where the picture is (None: not written)."""
-        sample, params = self.denoised.sample, self.params
-        return {
-            "image": image,
-            "width": params.width, "height": params.height, "steps": params.steps, "cfg": params.cfg,
-            "seed": params.seed, "backend": params.backend, "dtype": params.dtype, "cache": params.cache,
-            "vae_backend": self.vae_backend or params.vae_backend,
-            "cache_options": params.cache_options,
-            "loras": [{"name": ref.name, **ref.as_json()} for ref in params.loras],
-            "timings": {k: round(v, 4) for k, v in self.timings().items()},
-            "transformer_passes": self.denoised.transformer_passes, "subgraph_runs": self.denoised.subgraph_runs,
-            "computed_steps": sample.computed_steps, "skipped_steps": sample.skipped_steps,
-            "recomputed_steps": sample.recomputed_steps,
-            "cache_error_estimate": sample.error_estimate,  # None: the cache does not measure itself
-            "finite": self.finite,
-        }
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}  # params.DTYPE_NAMES
 
 
 def initial_noise(seed: int, width: int, height: int, channels: int = 16) -> np.ndarray:
@@ -437,27 +256,7 @@ class AnimaPipeline:
         image, decode_s = None, 0.0
         if denoised.sample.finite:  # never decode (and never save) a latent with NaN/Inf in it
             image, decode_s = self.decode(denoised.sample.latent, plan, params.rknn)
-        return GenerationResult(image, denoised.sample.latent, params, conditioning, denoised, decode_s, plan.backend)
+        return GenerationResult(image, denoised.sample.latent, params, conditioning, denoised, decode_s, plan.backend,
+                                self.files.dit.name)
 
 
-def png_parameters(params: GenerationParams, model_name: str, result: GenerationResult | None = None) -> str:
-    """The A1111/ComfyUI-style `parameters` text that image tools read back."""
-    fields = [f"Steps: {params.steps}", "Sampler: Euler", "Schedule type: Simple", f"CFG scale: {params.cfg}",
-              f"Seed: {params.seed}", f"Size: {params.width}x{params.height}", f"Model: {model_name}",
-              f"Shift: {params.shift}", f"Dtype: {params.dtype}", f"Backend: {params.backend}",
-              f"Cache: {params.cache}"]
-    if params.cache_options:
-        fields.append("Cache options: " + ",".join(f"{k}={v}" for k, v in params.cache_options.items()))
-    if result is not None and params.cache != "none":
-        fields.append(f"Computed steps: {len(result.denoised.sample.computed_steps)}/{params.steps}")
-        if result.denoised.sample.error_estimate is not None:
-            fields.append(f"Cache error estimate: {result.denoised.sample.error_estimate:.4g}")
-    vae_backend = (result.vae_backend if result is not None else None) or params.vae_backend
-    if vae_backend not in ("torch", AUTO):  # auto without a result is what was asked, not what decoded
-        fields.append(f"VAE backend: {vae_backend}")
-    prompt = params.prompt
-    if params.loras:  # as WebUI writes them: tags in the prompt, short hashes in a field
-        prompt = " ".join([prompt, *(lora_tag(ref) for ref in params.loras)])
-        hashes = ", ".join(f"{ref.name}: {cached_sha256(ref.path)[:12]}" for ref in params.loras)
-        fields.append(f'Lora hashes: "{hashes}"')
-    return f"{prompt}\nNegative prompt: {params.negative}\n" + ", ".join(fields)

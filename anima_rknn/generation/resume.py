@@ -24,12 +24,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..checks import is_integer, shown
 from ..core.files import json_text
 from ..core.tensorfile import load_tensors, read_metadata, save_tensors
 from ..errors import AnimaError
 from ..sampling.caches import make_cache
 from ..sampling.euler import StepCallback, StepEvent
-from .pipeline import Conditioning, GenerationParams
+from .params import SETTINGS, GenerationParams, settings_of
+from .result import Conditioning
 
 STATE_FORMAT = "anima-rknn-resume/1"
 STATE_KEY = "anima_rknn.generation.resume"
@@ -37,17 +39,8 @@ STATE_SUFFIX = ".state"
 # Checkpoints by default: after every computed step, once the run is this long (elapsed + ETA), so that a
 # crash or power cut on the board loses one step, while a seconds-long CPU run writes nothing.
 LONG_RUN_S = 60.0
-# Settings that change the picture: a state is refused when any differs. (The RKNN memory budget and NPU
-# core mask only change how fast it is made.)
-SETTINGS = ("prompt", "negative", "width", "height", "steps", "cfg", "seed", "shift", "dtype", "cache",
-            "cache_options", "backend", "vae_tiling", "vae_tile", "vae_overlap", "loras", "lora_ignore_unmatched")
 FINGERPRINTS = {"dit", "text_encoder", "vae", "subgraphs", "loras"}  # "loras": in states written since LoRAs
 _ADDED_SETTINGS = {"loras": [], "lora_ignore_unmatched": False}  # states written before these existed had none
-
-
-def settings_of(params: GenerationParams) -> dict[str, Any]:
-    """The settings that make the picture, as JSON values: what a resume state and a batch record hold."""
-    return {name: getattr(params, name) for name in SETTINGS} | {"loras": [r.as_json() for r in params.loras]}
 
 
 class Interrupted(Exception):
@@ -86,7 +79,7 @@ class ResumeState:
         for name in SETTINGS:
             ours, theirs = getattr(self.params, name), getattr(params, name)
             if ours != theirs:
-                raise AnimaError(f"the state was made with {name} {_shown(ours)}, this run asks for {_shown(theirs)}")
+                raise AnimaError(f"the state was made with {name} {shown(ours)}, this run asks for {shown(theirs)}")
 
     def check_model(self, fingerprints: dict[str, str | None], context_shape: tuple[int, ...]) -> None:
         """Refuse a state made with other model files or a subgraph set, or whose contexts this DiT cannot take."""
@@ -98,11 +91,6 @@ class ResumeState:
         if tuple(self.conditioning.positive.shape) != context_shape:
             raise AnimaError(f"the state's prompt contexts are {list(self.conditioning.positive.shape)}, this DiT "
                              f"takes {list(context_shape)}")
-
-
-def _shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # ---- writing -------------------------------------------------------------------------------------------------
@@ -136,7 +124,7 @@ class Checkpoints:
 
     def __init__(self, path: Path, every: int | None = None, stop: Callable[[], bool] = lambda: False,
                  warn: Callable[[AnimaError], None] | None = None) -> None:
-        if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
+        if every is not None and not (is_integer(every) and every >= 1):
             raise AnimaError(f"--checkpoint-every must be a positive number of steps, got {every!r}")
         self.path, self.every, self.stop, self.warn = Path(path), every, stop, warn
 
@@ -204,7 +192,7 @@ def read_state(path: str | os.PathLike) -> ResumeState:
     if not isinstance(record, dict) or record.get("format") != STATE_FORMAT:
         found = record.get("format") if isinstance(record, dict) else None
         raise AnimaError(f"{path} is not an {STATE_FORMAT} resume state"
-                         + (f" (it is {_shown(found)}: made by another version)" if found else ""))
+                         + (f" (it is {shown(found)}: made by another version)" if found else ""))
     settings = _ADDED_SETTINGS | _field(record, "params", dict)
     if set(settings) != set(SETTINGS):
         raise AnimaError(f"{path}: the resume state's settings are not the ones this version writes")
@@ -265,7 +253,7 @@ def _cache_state(scalars: dict[str, Any], tensors: dict[str, np.ndarray], path: 
                 and 0 < entry["arrays"] <= 64:
             state[key] = [tensors.pop(f"cache.{key}.{i}", None) for i in range(entry["arrays"])]
         else:
-            raise AnimaError(f"{path}: the resume state's cache entry {_shown(key)} is damaged")
+            raise AnimaError(f"{path}: the resume state's cache entry {shown(key)} is damaged")
     missing = any(array is None for value in state.values() if isinstance(value, list) for array in value)
     if tensors or missing:
         raise AnimaError(f"{path}: the resume state's cache arrays do not match its record")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import hmac
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -30,28 +31,16 @@ from fastapi.responses import JSONResponse, Response
 from PIL import Image
 
 from ..errors import AnimaError
-from ..generation.params import GenerationParams
-from ..generation.result import png_parameters
-from ..model.lora import LoraRef, named_lora, prompt_loras
-from ..sampling.caches import CACHE_NAMES
+from ..generation.params import GenerationParams, build, default
+from ..model.lora import LoraRef, named_lora
 from . import a1111, native, openai, page
 from .compare import NotReady
 from .jobs import Job, JobQueue, QueueFull
-from .requests import BadRequest, JobNotFound, _number, _text
+from .requests import BadRequest, JobNotFound, _number, request_values
 
 MAX_BODY_BYTES = 1 << 20
 PUBLIC_PATHS = ("/",)  # the page itself; everything it calls needs the credentials
 MAX_IMAGES = 8  # batch_size * n_iter, n
-
-
-def _cache(body: dict[str, Any], default: str) -> tuple[str, dict[str, Any]]:
-    cache = _text(body, "cache", default)
-    if cache not in CACHE_NAMES:
-        raise BadRequest(f"cache must be one of {', '.join(CACHE_NAMES)}")
-    options = body.get("cache_options") or {}
-    if not isinstance(options, dict):
-        raise BadRequest("cache_options must be an object")
-    return cache, options
 
 
 class Server:
@@ -59,32 +48,33 @@ class Server:
 
     def __init__(self, queue: JobQueue, *, default_cache: str = "none", max_side: int = 1024, max_steps: int = 150,
                  model_name: str = "anima", engine: dict[str, Any] | None = None, api_key: str | None = None,
-                 api_auth: str | None = None, lora_dir: Path | None = None) -> None:
+                 api_auth: str | None = None, lora_dir: Path | None = None, native_size: int | None = None) -> None:
         self.queue, self.default_cache = queue, default_cache
         # What an Authorization header must be, exactly: a Bearer token (OpenAI clients) or HTTP basic (WebUI's).
         self.credentials = [f"Bearer {api_key}"] if api_key else []
         if api_auth:
             self.credentials.append("Basic " + base64.b64encode(api_auth.encode()).decode())
-        self.engine = dict(engine or {})  # backend, subgraphs, dtype, rknn: the server's, never a request's
+        self.engine = dict(engine or {})  # SERVER_SETTINGS (backend, dtype, ...): the server's, never a request's
+        self.native_size = native_size or default("width")  # a request's default size: the model's, else 512
         self.max_side, self.max_steps, self.model_name = max_side, max_steps, model_name
         self.lora_dir = lora_dir  # requests pick LoRAs in it by name (<lora:NAME:SCALE> or "loras"), never by path
 
     # ---- requests -> params -------------------------------------------------------------------------------
 
-    def params(self, body: dict[str, Any], *, prompt_key: str = "prompt") -> GenerationParams:
-        width, height = int(_number(body, "width", 512)), int(_number(body, "height", 512))
-        steps = int(_number(body, "steps", 20))
-        if not (16 <= width <= self.max_side and 16 <= height <= self.max_side):
-            raise BadRequest(f"width and height must be from 16 to {self.max_side}")
-        if not 1 <= steps <= self.max_steps:
+    def params(self, body: dict[str, Any]) -> GenerationParams:
+        """A request's settings: its fields as the settings table names them (generation.params.REQUEST_FIELDS),
+        over the request defaults (a seed drawn when it gives none, the server's cache, the model's size), with
+        the server's own settings (SERVER_SETTINGS), which no request chooses."""
+        values = request_values(body)
+        for side in ("width", "height"):
+            if not 16 <= values.get(side, self.native_size) <= self.max_side:
+                raise BadRequest(f"width and height must be from 16 to {self.max_side}")
+        if not 1 <= values.get("steps", default("steps")) <= self.max_steps:
             raise BadRequest(f"steps must be from 1 to {self.max_steps}")
-        cache, options = _cache(body, self.default_cache)
-        prompt, loras = prompt_loras(_text(body, prompt_key, ""), self.lora_dir)
-        params = GenerationParams(
-            prompt=prompt, negative=_text(body, "negative_prompt", GenerationParams.negative),
-            width=width, height=height, steps=steps, cfg=float(_number(body, "cfg_scale", 4.0)),
-            seed=int(_number(body, "seed", -1)), cache=cache, cache_options=options,
-            loras=loras + self._named_loras(body.get("loras") or []), **self.engine)
+        values.setdefault("seed", default("seed", "request"))
+        values.setdefault("cache", self.default_cache)
+        values["loras"] = self._named_loras(values.get("loras") or [])
+        params = build(values | self.engine, native_size=self.native_size, lora_dir=self.lora_dir)
         params.validate()
         return params
 
@@ -99,7 +89,7 @@ class Server:
         """`count` jobs, consecutive seeds as WebUI does for a batch."""
         if not 1 <= count <= MAX_IMAGES:
             raise BadRequest(f"at most {MAX_IMAGES} images per request")
-        return self.queue.submit_all([GenerationParams(**{**vars(params), "seed": (params.seed + i) % 2**64})
+        return self.queue.submit_all([dataclasses.replace(params, seed=(params.seed + i) % 2**64)
                                       for i in range(count)])
 
     async def _wait(self, jobs: list[Job]) -> list[Job]:
@@ -156,8 +146,8 @@ class Server:
         return app
 
     def _infotext(self, job: Job) -> str:
-        """The `parameters` text of the job's PNG, which alone knows what ran (computed steps, the VAE backend
-        auto chose, the error estimate); the request's own where the PNG has none."""
+        """The `parameters` text of the job's PNG (the publisher wrote it), which alone knows what ran (computed
+        steps, the VAE backend auto chose, the error estimate)."""
         with Image.open(self.queue.image_path(job)) as image:
             text = image.info.get("parameters")
-        return text if isinstance(text, str) else png_parameters(job.params, self.model_name)
+        return text if isinstance(text, str) else ""

@@ -15,8 +15,7 @@ from PIL import Image
 
 from ..bench.metrics import difference_map, psnr, ssim
 from ..errors import AnimaError
-from ..generation.pipeline import GenerationParams
-from ..generation.resume import SETTINGS
+from ..generation.params import SETTINGS, GenerationParams
 from .jobs import Job, JobQueue
 
 GIVEN_UP = ("failed", "cancelled")

@@ -2,8 +2,9 @@
 
 Jobs live in SQLite (`data_dir/jobs.sqlite`) and their images and resume states in `data_dir`, so a restarted
 server finds every job again: queued ones run, and the one that was running resumes from its last checkpoint.
-The worker is one thread: one NPU, one set of CPU cores. Every job runs through AnimaPipeline.generate with its
-step events (progress, ETA, a live preview) and its checkpoints (cancel = a stop at the next step boundary).
+The worker is one thread: one NPU, one set of CPU cores. Every job runs through the one job runner
+(jobs.runner.JobRunner) with its step events (progress, ETA, a live preview) and its checkpoints (cancel = a stop
+at the next step boundary).
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from ..core.files import output_folder, save_png
+from ..core.files import output_folder
 from ..errors import AnimaError
-from ..generation.pipeline import AnimaPipeline, GenerationParams, png_parameters
-from ..generation.resume import Checkpoints, Interrupted, read_state, settings_of
+from ..generation.params import SETTINGS, GenerationParams, settings_of
+from ..generation.pipeline import AnimaPipeline
+from ..generation.resume import Interrupted, default_state_path
+from ..jobs.runner import JobRunner, saved_state
 from ..sampling.euler import StepEvent
 from ..vae.preview import projection_for
 
@@ -59,10 +62,12 @@ class Job:
 class JobQueue:
     def __init__(self, pipeline: AnimaPipeline, data_dir: Path, *, max_queue: int = 16,
                  checkpoint_every: int | None = None, engine: dict[str, Any] | None = None) -> None:
-        self.pipeline, self.max_queue, self.checkpoint_every = pipeline, max_queue, checkpoint_every
-        # How this server runs the model (subgraph set, NPU options): not part of a job's saved settings, so a job
-        # found again after a restart takes them from here.
-        self.engine = {key: value for key, value in (engine or {}).items() if key in ("subgraphs", "rknn")}
+        self.pipeline, self.max_queue = pipeline, max_queue
+        # A periodic checkpoint that cannot be written costs the resume, not the job.
+        self.runner = JobRunner(pipeline, checkpoint_every=checkpoint_every, warn=lambda e: None)
+        # How this server runs the model (subgraph set, NPU options, VAE backend): not part of a job's saved
+        # settings, so a job found again after a restart takes them from here.
+        self.engine = {key: value for key, value in (engine or {}).items() if key not in SETTINGS}
         self.data_dir = output_folder(data_dir, overwrite=False, holds="other files", resumable="jobs.sqlite")
         self.projection = projection_for(pipeline.files.vae)
         self._lock = threading.Condition()
@@ -186,28 +191,21 @@ class JobQueue:
         job.preview = buffer.getvalue()
 
     def _run(self, job: Job) -> None:
-        state_path = self.data_dir / f"{job.id}.png.state"
-        checkpoints = Checkpoints(state_path, self.checkpoint_every, stop=job.cancel.is_set, warn=lambda e: None)
+        state = default_state_path(self.image_path(job))
         try:
-            resume = read_state(state_path) if state_path.is_file() else None
-            result = self.pipeline.generate(job.params, lambda event: self._on_step(job, event),
-                                            checkpoints=checkpoints, resume=resume)
-            if not result.finite:
-                raise AnimaError("the final latent is not finite (NaN/Inf); no image was written")
-            save_png(result.image, self.image_path(job), overwrite=True,
-                     parameters=png_parameters(result.params, self.pipeline.files.dit.name, result))
-            job.summary = result.summary(f"/api/jobs/{job.id}/image")
-            checkpoints.remove()
+            published = self.runner.run(job.params, state=state, to=self.image_path(job), overwrite=True,
+                                        image=f"/api/jobs/{job.id}/image", resume=saved_state(state),
+                                        on_step=lambda event: self._on_step(job, event), stop=job.cancel.is_set)
+            job.summary = published.record
             self._finish(job, "completed")
         except Interrupted:
             if self._stopping:  # the server is shutting down: the job waits for the next start, state kept
                 job.state = "queued"
                 self._save(job)
                 return
-            checkpoints.remove()
+            state.unlink(missing_ok=True)
             self._finish(job, "cancelled")
-        except AnimaError as e:
-            checkpoints.remove()
+        except AnimaError as e:  # its state is gone with it (the runner removes a failed job's)
             self._finish(job, "failed", str(e))
         except Exception as e:  # the server keeps serving; the job says what went wrong, in one line
             self._finish(job, "failed", f"internal error: {type(e).__name__}: {e}".splitlines()[0])

@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import Request
 
 from ..errors import AnimaError
+from ..generation.params import REQUEST_FIELDS, option
 from .jobs import Job, JobQueue
 
 
@@ -38,6 +39,31 @@ def _text(body: dict[str, Any], key: str, default: str) -> str:
     if not isinstance(value, str):
         raise BadRequest(f"{key} must be a string")
     return value
+
+
+def request_values(body: dict[str, Any]) -> dict[str, Any]:
+    """The settings a request gives, by setting name: each field the settings table names for requests
+    (generation.params.REQUEST_FIELDS), type-checked; null is not given. Ranges are the settings' own checks
+    (GenerationParams.validate); "loras" stays as sent, names for Server._named_loras."""
+    values: dict[str, Any] = {}
+    for field, name in REQUEST_FIELDS.items():
+        if body.get(field) is None:
+            continue
+        setting = option(name)
+        if setting.kind in ("int", "number"):
+            number = _number(body, field, None)
+            values[name] = int(number) if setting.kind == "int" else float(number)
+        elif setting.kind in ("text", "choice"):
+            values[name] = _text(body, field, "")
+            if setting.kind == "choice" and values[name] not in setting.choices:
+                raise BadRequest(f"{field} must be one of {', '.join(setting.choices)}")
+        elif setting.kind == "cache_options" and not isinstance(body[field], dict):
+            raise BadRequest(f"{field} must be an object")
+        elif setting.kind == "bool" and not isinstance(body[field], bool):
+            raise BadRequest(f"{field} must be true or false")
+        else:
+            values[name] = body[field]
+    return values
 
 
 async def json_body(request: Request) -> dict[str, Any]:

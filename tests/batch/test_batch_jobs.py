@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from anima_rknn.batch.jobs import job_id, name_jobs, parse_seeds, read_jobs
+from anima_rknn.batch.jobs import job_id, name_jobs, read_jobs
 from anima_rknn.errors import AnimaError
-from anima_rknn.generation.pipeline import GenerationParams
+from anima_rknn.generation.params import GenerationParams
 
 DEFAULTS = GenerationParams(prompt="", width=64, height=64, steps=4, seed=7)
 
@@ -69,18 +69,6 @@ def test_empty_or_unreadable_jobs_files(tmp_path):
     (tmp_path / "bin.txt").write_bytes(b"caf\xe9\n")
     with pytest.raises(AnimaError, match="not UTF-8"):
         read_jobs(str(tmp_path / "bin.txt"), DEFAULTS)
-
-
-@pytest.mark.parametrize("text, seeds", [("1-4", [1, 2, 3, 4]), ("9,1-2, 5", [9, 1, 2, 5]), ("0", [0])])
-def test_parse_seeds(text, seeds):
-    assert parse_seeds(text) == seeds
-
-
-@pytest.mark.parametrize("text, message", [("1-x", "such as 1-8"), ("4-2", "rising range"), ("1,1", "twice"),
-                                           ("-1", "such as 1-8"), ("0-20000", "more than")])
-def test_bad_seeds(text, message):
-    with pytest.raises(AnimaError, match=message):
-        parse_seeds(text)
 
 
 def test_ids_follow_settings_and_model_files_and_duplicates_are_refused(tmp_path):

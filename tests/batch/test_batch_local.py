@@ -12,7 +12,8 @@ from anima_rknn.batch.local import LocalRunner
 from anima_rknn.batch.results import RESULTS, Results
 from anima_rknn.batch.worker import Worker
 from anima_rknn.errors import AnimaError
-from anima_rknn.generation.pipeline import AnimaPipeline, GenerationParams
+from anima_rknn.generation.params import GenerationParams
+from anima_rknn.generation.pipeline import AnimaPipeline
 from anima_rknn.generation.resume import Interrupted
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -95,18 +96,19 @@ def test_a_stopped_job_continues_from_its_state(tmp_path, tiny_set, worker):
     reference = tmp_path / "reference"
     _run(worker, jobs, reference)
     out, steps_seen = tmp_path / "out", []
+    checkpointing = Worker(tiny_set, keep_models=True, checkpoint_every=1)
 
     def stop() -> bool:  # asked after each step: stop the second job after its third step
         return len(steps_seen) == 6 + 3
 
     with pytest.raises(Interrupted) as stopped:
-        _run(worker, jobs, out, checkpoint_every=1, stop=stop, on_step=lambda e: steps_seen.append(e.step))
+        _run(checkpointing, jobs, out, stop=stop, on_step=lambda e: steps_seen.append(e.step))
     state = out / f"{jobs[1].image}.state"
     assert stopped.value.path == state and state.is_file() and (stopped.value.step, stopped.value.total) == (3, 6)
     assert [r["job"] for r in _records(out)] == [jobs[0].id]  # the first job published, the second not
 
     steps_seen.clear()
-    assert _run(worker, jobs, out, checkpoint_every=1, on_step=lambda e: steps_seen.append(e.step)) == [jobs[1]]
+    assert _run(checkpointing, jobs, out, on_step=lambda e: steps_seen.append(e.step)) == [jobs[1]]
     assert steps_seen == [4, 5, 6]  # continued, not started over
     assert not state.exists()
     assert all((out / j.image).read_bytes() == (reference / j.image).read_bytes() for j in jobs)

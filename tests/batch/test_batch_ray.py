@@ -17,7 +17,8 @@ from anima_rknn.batch.results import RESULTS, Results  # noqa: E402
 from anima_rknn.batch.worker import Worker  # noqa: E402
 from anima_rknn.demo.tiny_set import write_model_set  # noqa: E402
 from anima_rknn.errors import AnimaError  # noqa: E402
-from anima_rknn.generation.pipeline import AnimaPipeline, GenerationParams  # noqa: E402
+from anima_rknn.generation.params import GenerationParams
+from anima_rknn.generation.pipeline import AnimaPipeline  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CPUS = 2

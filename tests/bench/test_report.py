@@ -11,7 +11,8 @@ from PIL import Image
 from anima_rknn.bench.figures import write_figures
 from anima_rknn.bench.report import Thresholds, build_report, markdown, to_json, write_report
 from anima_rknn.bench.run import run_bench
-from anima_rknn.generation.pipeline import AnimaPipeline, GenerationParams
+from anima_rknn.generation.params import GenerationParams
+from anima_rknn.generation.pipeline import AnimaPipeline
 
 
 def _strict_json(text: str) -> dict:

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from anima_rknn.bench.run import parse_cache_list, parse_seed_list, run_bench
+from anima_rknn.bench.run import parse_cache_list, run_bench
 from anima_rknn.errors import AnimaError
-from anima_rknn.generation.pipeline import AnimaPipeline, GenerationParams
+from anima_rknn.generation.params import GenerationParams
+from anima_rknn.generation.pipeline import AnimaPipeline
 
 PARAMS = GenerationParams(prompt="a red circle", width=32, height=32, steps=20, seed=5)
 
@@ -82,12 +83,8 @@ def test_bad_settings_fail_before_any_work(pipeline):
         run_bench(pipeline, GenerationParams(prompt="x", width=60), ["spectrum"])
 
 
-def test_parse_lists():
+def test_parse_cache_list():  # (bench's --seeds is batch's grammar: tests/generation/test_params.py)
     assert parse_cache_list("spectrum, spectrum-plus,reuse") == ["spectrum", "spectrum-plus", "reuse"]
-    assert parse_seed_list("1,2, 30") == [1, 2, 30]
     for bad, message in (("spectrum,fast", "unknown cache"), ("reuse,reuse", "twice"), (",", "at least one")):
         with pytest.raises(AnimaError, match=message):
             parse_cache_list(bad)
-    for bad, message in (("1,x", "integers"), ("4,4", "twice"), ("", "at least one")):
-        with pytest.raises(AnimaError, match=message):
-            parse_seed_list(bad)

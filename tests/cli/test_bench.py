@@ -54,5 +54,5 @@ def test_errors_before_any_work(run_cli, model_dir, tmp_path):
     _one_line_error(run_cli(*base, "--cache", "spectrum,fastest", "--out", tmp_path / "b"), "unknown cache")
     _one_line_error(run_cli(*base, "--cache", "reuse", "--cache-option", "w=0.2", "--out", tmp_path / "c"),
                     "does not apply")
-    _one_line_error(run_cli(*base, "--seeds", "1,one", "--out", tmp_path / "d"), "integers")
+    _one_line_error(run_cli(*base, "--seeds", "1,one", "--out", tmp_path / "d"), "such as 1-8")
     assert not (tmp_path / "b").exists() and not (tmp_path / "d").exists()

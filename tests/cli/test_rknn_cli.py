@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from anima_rknn.cli.rknn import agreement
 from anima_rknn.core.files import sha256_file
 from anima_rknn.export.manifest import read_manifest
 from anima_rknn.export.rknn import TOOLKIT_MISSING
@@ -50,12 +49,6 @@ def test_plan_for_the_full_model_on_the_board(run_cli):
 def test_plan_refuses_in_one_line(run_cli, args, message):
     result = run_cli("plan", *args)
     assert result.code == 1 and message in result.err and result.err.count("\n") == 1
-
-
-def test_agreement_measures_cosine_and_error_relative_to_the_reference_scale():
-    cosine, rel_error = agreement(np.array([1.0, 0.0], np.float32), np.array([1.0, 1.0], np.float32))
-    assert cosine == pytest.approx(2**-0.5) and rel_error == 1.0
-    assert agreement(np.array([2.0, -4.0]), np.array([2.0, -4.0])) == (pytest.approx(1.0), 0.0)
 
 
 @needs_toolkit

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from anima_rknn.core import cpu_speed
-from anima_rknn.generation.pipeline import GenerationParams
+from anima_rknn.generation.params import GenerationParams
 
 
 def write_cache(speeds):

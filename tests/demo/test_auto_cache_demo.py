@@ -14,7 +14,8 @@ from anima_rknn.bench.metrics import psnr
 from anima_rknn.demo import demo_model_dir
 from anima_rknn.demo.dataset import IMAGE_SIZE
 from anima_rknn.demo.evaluate import prompt_set
-from anima_rknn.generation.pipeline import AnimaPipeline, GenerationParams
+from anima_rknn.generation.params import GenerationParams
+from anima_rknn.generation.pipeline import AnimaPipeline
 from anima_rknn.model.model_set import from_model_dir
 
 PROMPTS = 12

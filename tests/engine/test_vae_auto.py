@@ -124,7 +124,8 @@ def test_the_machine_key_holds_the_threads_and_the_runtimes_version():
 ])
 def test_prepare_plans_the_decode_on_the_faster_backend(fresh_cache, tiny_set, ratio, tiling, tile, backend):
     """prepare() resolves auto into a concrete plan (tile and backend) that generate and bench decode with."""
-    from anima_rknn.generation.pipeline import AnimaPipeline, GenerationParams
+    from anima_rknn.generation.params import GenerationParams
+    from anima_rknn.generation.pipeline import AnimaPipeline
 
     write_probe(ratio)
     pipeline = AnimaPipeline(tiny_set)

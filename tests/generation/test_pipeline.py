@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from anima_rknn.core.tensorfile import load_tensors, save_tensors
-from anima_rknn.generation.pipeline import AnimaPipeline, DecodePlan, GenerationParams, initial_noise, png_parameters
+from anima_rknn.generation.params import GenerationParams
+from anima_rknn.generation.pipeline import AnimaPipeline, initial_noise
+from anima_rknn.generation.result import DecodePlan, png_parameters
 
 
 def test_initial_noise_is_the_cpu_generator_of_torch():

@@ -17,7 +17,8 @@ import torch
 from safetensors.torch import load_file
 
 from anima_rknn.demo.tiny_set import TEXT_ENCODERS, VAES, write_model_set
-from anima_rknn.generation.pipeline import DEFAULT_NEGATIVE, AnimaPipeline, GenerationParams, initial_noise
+from anima_rknn.generation.params import DEFAULT_NEGATIVE, GenerationParams
+from anima_rknn.generation.pipeline import AnimaPipeline, initial_noise
 from anima_rknn.model.config import PRESETS
 from anima_rknn.model.model_set import ModelFiles
 from anima_rknn.sampling.schedule import flow_sigmas

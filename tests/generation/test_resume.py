@@ -12,7 +12,8 @@ import pytest
 
 from anima_rknn.core.tensorfile import fingerprint, load_tensors, read_metadata, save_tensors
 from anima_rknn.errors import AnimaError
-from anima_rknn.generation.pipeline import AnimaPipeline, GenerationParams
+from anima_rknn.generation.params import GenerationParams
+from anima_rknn.generation.pipeline import AnimaPipeline
 from anima_rknn.generation.resume import STATE_KEY, Checkpoints, Interrupted, read_state
 from anima_rknn.sampling.caches import CACHE_NAMES
 

@@ -24,7 +24,8 @@ from anima_rknn.core.tensorfile import read_metadata
 from anima_rknn.demo import demo_model_dir
 from anima_rknn.demo.train import META_PREFIX, DemoConfig, store_preview_projection
 from anima_rknn.errors import AnimaError
-from anima_rknn.generation.pipeline import AnimaPipeline, GenerationParams
+from anima_rknn.generation.params import GenerationParams
+from anima_rknn.generation.pipeline import AnimaPipeline
 from anima_rknn.model.model_set import from_model_dir
 from anima_rknn.vae import WanVAEConfig, decode_tiled, file_shapes, load_vae, save_vae
 from anima_rknn.vae.preview import (

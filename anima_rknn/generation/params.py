@@ -1,0 +1,302 @@
+"""The settings of one generation, as one table every front end derives from.
+
+GenerationParams is that table: each field carries its default and an `Option` (help text, type, range, how the
+CLI spells it, which request field sets it, whether it makes the picture). The CLI's flags (cli/options.py), the
+HTTP APIs' request fields (server/), batch's JSONL keys and bench's options are all built from it, and so is the
+README's table of settings (`settings_markdown`): a new setting is added here, once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import secrets
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..checks import check_bool, check_choice, check_int, check_number, shown
+from ..core.cpu_speed import AUTO, resolve_dtype
+from ..engine import BACKENDS
+from ..engine.backends.rknn import RknnOptions
+from ..engine.vae_tiles import VAE_BACKENDS
+from ..errors import AnimaError
+from ..model.lora import MAX_LORAS, LoraRef, lora_refs, prompt_loras
+from ..sampling.caches import CACHE_NAMES, make_cache
+from ..text.prompt import parse_prompt_weights
+from ..vae.tiling import TILING_MODES
+
+DTYPE_NAMES = ("fp32", "fp16", "bf16")
+DEFAULT_NEGATIVE = "worst quality, low quality, score_1, score_2, score_3, blurry, jpeg artifacts, sepia"
+MAX_SIDE = 4096  # pixels; a 16-megapixel image, 4x what Anima was trained for
+MAX_STEPS = 1000
+MAX_PROMPT_CHARS = 20_000
+MAX_PROMPT_TOKENS = 4096  # Qwen3 tokens; its attention over a prompt grows with the square of this
+MAX_CFG, MAX_SHIFT = 100.0, 100.0
+RANDOM_SEED = -1  # as in WebUI: draw a seed; the one drawn is what params, JSON and PNG report
+MAX_SEED = 2**64 - 1
+MAX_SEEDS = 10_000  # one --seeds list
+DEFAULT_SIZE = 512  # pixels, when the model does not say what it was trained at (the real Anima does not)
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """How one setting meets the user.
+
+    `kind` is what a value is: int, number, text, choice, path, bool, or a structured one (cache_options, loras,
+    rknn) whose front ends each have their own spelling. `request` is the field an HTTP request sets it with
+    (None: the server's own setting, chosen when it starts). `picture`: the setting changes the picture, so a
+    resume state and a batch job id hold it, and a JSONL job may set it."""
+
+    help: str
+    kind: str
+    flags: tuple[str, ...] = ()  # the CLI's spellings; () = --name-with-dashes
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+    request: str | None = None
+    picture: bool = True
+    # A front end's default where its convention differs from the Python API's (None: the same), with the reason
+    # beside it.
+    cli_default: Any = None
+    request_default: Any = None
+
+
+def _setting(default: Any, option: Option, factory: Any = None) -> Any:
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata={"option": option})
+    return dataclasses.field(default=default, metadata={"option": option})
+
+
+@dataclasses.dataclass
+class GenerationParams:
+    prompt: str = dataclasses.field(metadata={"option": Option(
+        "Prompt; (word:1.2) weights as in ComfyUI, <lora:NAME:SCALE> tags pick LoRAs from the LoRA folder.",
+        "text", ("--prompt", "-p"), request="prompt")})
+    negative: str = _setting(DEFAULT_NEGATIVE, Option("Negative prompt.", "text", ("--negative", "-n"),
+                                                       request="negative_prompt"))
+    width: int = _setting(DEFAULT_SIZE, Option(
+        "Image width in pixels, a multiple of 16. Default: the size a small trained model was made for (64 for the "
+        "demo model), else 512.", "int", ("--width", "-W"), 16, MAX_SIDE, request="width"))
+    height: int = _setting(DEFAULT_SIZE, Option("Image height; default as width.", "int", ("--height", "-H"), 16,
+                                                MAX_SIDE, request="height"))
+    steps: int = _setting(20, Option("Sampling steps.", "int", low=1, high=MAX_STEPS, request="steps"))
+    cfg: float = _setting(4.0, Option("Classifier-free guidance scale (1: the conditional model alone).", "number",
+                                      low=0.0, high=MAX_CFG, request="cfg_scale"))
+    seed: int = _setting(20260812, Option(
+        f"0 to 2^64-1; {RANDOM_SEED} draws a random seed (the one used is reported).", "int", low=RANDOM_SEED,
+        high=MAX_SEED, request="seed",
+        request_default=RANDOM_SEED))  # WebUI clients leave the seed out (or send -1) to get a new picture
+    shift: float = _setting(3.0, Option("Flow-matching sigma shift.", "number", low=1e-3, high=MAX_SHIFT,
+                                        request="shift"))
+    dtype: str = _setting("fp32", Option(
+        "Attention/MLP body precision (residual stream, norms and AdaLN stay fp32); auto: the fastest on this CPU, "
+        "measured once (bf16 only with native bf16).", "choice", choices=(AUTO, *DTYPE_NAMES),
+        cli_default=AUTO))  # a script's numbers should not depend on the machine; a user wants the fast path
+    cache: str = _setting("none", Option("Step cache: none = every step computed (the exact baseline).", "choice",
+                                         choices=CACHE_NAMES, request="cache"))
+    cache_options: dict[str, float | str] = _setting(None, Option(
+        'Cache options, stable-diffusion.cpp style: "w=0.4,m=3,lam=1.0,window=2,flex=0.5,warmup=4,stop=0.9".',
+        "cache_options", ("--cache-option",), request="cache_options"), factory=dict)
+    backend: str = _setting("torch", Option("Where the DiT's attention and MLP bodies run.", "choice",
+                                            choices=BACKENDS))
+    subgraphs: Path | None = _setting(None, Option("Exported subgraph folder (onnx / rknn backends).", "path",
+                                                   picture=False))
+    rknn: RknnOptions = _setting(None, Option(
+        "rknn backend: runtime (lite on the board, simulator on x86), memory budget, NPU cores.", "rknn",
+        ("--rknn-runtime", "--rknn-budget", "--rknn-core-mask"), picture=False), factory=RknnOptions)
+    vae_tiling: str = _setting("auto", Option(
+        "Decode in overlapping tiles (on: less memory) or never (off); auto: tile only when decoding in one piece "
+        "would not fit the free memory.", "choice", ("--vae-tiling/--no-vae-tiling",), choices=TILING_MODES,
+        request="vae_tiling"))
+    vae_tile: int = _setting(512, Option("VAE tile size in pixels, a multiple of 8.", "int", ("--vae-tile-size",),
+                                         64, MAX_SIDE, request="vae_tile"))
+    vae_overlap: int = _setting(64, Option("VAE tile overlap in pixels, a multiple of 8, at most half a tile.",
+                                           "int", ("--vae-tile-overlap",), 0, MAX_SIDE // 2, request="vae_overlap"))
+    vae_backend: str = _setting(AUTO, Option(
+        "Where the VAE decoder runs: onnx / rknn run the fixed-shape tiles of the VAE set (its tile size must be the "
+        "VAE tile size), blended on the host; auto: torch or onnx, whichever this CPU decodes the image faster with "
+        "(measured once; onnx exports its set once into the cache folder).", "choice", choices=VAE_BACKENDS,
+        picture=False))
+    vae_subgraphs: Path | None = _setting(None, Option(
+        "VAE decoder set written by export-vae (onnx), converted by convert-rknn (rknn).", "path", picture=False))
+    loras: list[LoraRef] = _setting(None, Option(
+        "LoRA .safetensors files (ComfyUI, kohya or diffusers layout) with scales, merged into the DiT and its "
+        "adapter, in order.", "loras", ("--lora",), request="loras"), factory=list)
+    lora_ignore_unmatched: bool = _setting(False, Option(
+        "Skip LoRA keys that name no layer of this model instead of refusing the file.", "bool",
+        request="lora_ignore_unmatched"))
+
+    def __post_init__(self) -> None:
+        self.seed = resolve_seed(self.seed)
+        self.dtype = resolve_dtype(self.dtype)  # "auto": what this CPU runs fastest (cpu_speed); reported as chosen
+        if isinstance(self.loras, (list, tuple)):  # from JSON (resume states, requests): paths and scales
+            self.loras = lora_refs(self.loras)
+
+    def validate(self) -> None:
+        """Every setting checked before any model loads: one AnimaError line for the first problem."""
+        for name, text in (("prompt", self.prompt), ("negative prompt", self.negative)):
+            check_text(name, text)
+            parse_prompt_weights(text)  # refuses nesting beyond its bound now, not after the models load
+        for name, option in options():
+            value = getattr(self, name)
+            if option.kind == "int":
+                low = 0 if name == "seed" else option.low  # a drawn seed was resolved in __post_init__
+                high = self.vae_tile // 2 if name == "vae_overlap" else option.high
+                check_int(LABELS.get(name, name), value, low, high)
+            elif option.kind == "number":
+                check_number(name, value, option.low, option.high)
+            elif option.kind == "choice":
+                check_choice(LABELS.get(name, name), value, option.choices)
+            elif option.kind == "bool":
+                check_bool(name, value)
+        if self.width % 16 or self.height % 16:
+            raise AnimaError(f"width and height must be positive multiples of 16, got {self.width}x{self.height}")
+        if self.vae_tile % 8 or self.vae_overlap % 8:
+            raise AnimaError(f"VAE tile size and overlap must be multiples of 8 pixels, "
+                             f"got {self.vae_tile} and {self.vae_overlap}")
+        if self.vae_backend in ("torch", AUTO) and self.vae_subgraphs is not None:
+            raise AnimaError(f"a VAE set (--vae-subgraphs) runs on --vae-backend onnx or rknn, not {self.vae_backend}"
+                             + (" (which exports and caches its own)" if self.vae_backend == AUTO else ""))
+        if self.vae_backend in ("onnx", "rknn") and self.vae_tiling == "off":
+            raise AnimaError(f"the {self.vae_backend} VAE backend always decodes in its set's tiles: "
+                             "drop --no-vae-tiling")
+        if not isinstance(self.cache_options, dict):
+            raise AnimaError("cache options must be a dict of option names to values")
+        make_cache(self.cache, self.steps, self.cache_options)  # bad cache options fail before any model loads
+        if not isinstance(self.loras, list) or len(self.loras) > MAX_LORAS:
+            raise AnimaError(f"loras must be a list of at most {MAX_LORAS} LoRA files with scales")
+        for ref in self.loras:
+            ref.check()
+
+
+# How validate() names a setting where its field name would read oddly in a message.
+LABELS = {"vae_tile": "VAE tile size", "vae_overlap": "VAE tile overlap", "vae_tiling": "VAE tiling mode",
+          "vae_backend": "VAE backend"}
+
+
+def options() -> Iterator[tuple[str, Option]]:
+    """Every setting's field name and Option, in the table's order."""
+    for field in dataclasses.fields(GenerationParams):
+        yield field.name, field.metadata["option"]
+
+
+def option(name: str) -> Option:
+    return dict(options())[name]
+
+
+def default(name: str, front: str | None = None) -> Any:
+    """The setting's default: the Python API's, or a front end's ("cli", "request") where the table gives one."""
+    found = next(field for field in dataclasses.fields(GenerationParams) if field.name == name)
+    special = getattr(found.metadata["option"], f"{front}_default") if front else None
+    if special is not None:
+        return special
+    if found.default_factory is not dataclasses.MISSING:
+        return found.default_factory()
+    return found.default
+
+
+# Settings that change the picture: a resume state is refused when any differs, a batch job's id hashes them,
+# a JSONL job may set them. (The subgraph set, the RKNN options and the VAE backend only change how it is made.)
+SETTINGS = tuple(name for name, opt in options() if opt.picture)
+REQUEST_FIELDS = {opt.request: name for name, opt in options() if opt.request}  # request field -> setting
+SERVER_SETTINGS = tuple(name for name, opt in options() if opt.request is None)  # chosen when `serve` starts
+
+
+def resolve_seed(seed: int) -> int:
+    """RANDOM_SEED becomes a freshly drawn 64-bit seed; any other value is kept (and checked by validate)."""
+    return secrets.randbits(64) if seed == RANDOM_SEED and not isinstance(seed, bool) else seed
+
+
+def check_text(name: str, value: object) -> None:
+    """Prompts are str, valid UTF-8 (command-line bytes that are not arrive as lone surrogates), bounded."""
+    if not isinstance(value, str):
+        raise AnimaError(f"the {name} must be text, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise AnimaError(f"the {name} is not valid UTF-8 text") from None
+    if len(value) > MAX_PROMPT_CHARS:
+        raise AnimaError(f"the {name} has {len(value)} characters; at most {MAX_PROMPT_CHARS} are accepted")
+
+
+def settings_of(params: GenerationParams) -> dict[str, Any]:
+    """The settings that make the picture, as JSON values: what a resume state and a batch record hold."""
+    return {name: getattr(params, name) for name in SETTINGS} | {"loras": [r.as_json() for r in params.loras]}
+
+
+def build(values: Mapping[str, Any], *, base: GenerationParams | None = None, native_size: int | None = None,
+          lora_dir: Path | None = None) -> GenerationParams:
+    """GenerationParams from a front end's values by setting name (a value of None: not given, the default).
+
+    Over `base` when given (batch's defaults for its jobs), else over the defaults; width and height not given
+    (and not in `base`) are `native_size`, the size the model was trained at, when it says. The prompt's
+    <lora:NAME:SCALE> tags are taken out and their LoRAs (from `lora_dir`) follow the listed ones.
+    Not validated yet: a resumed run fills in its state's settings first."""
+    unknown = sorted(set(values) - {name for name, _ in options()})
+    if unknown:
+        raise AnimaError(f"unknown setting {shown(unknown[0])}")
+    given = {name: value for name, value in values.items() if value is not None}
+    if base is None:
+        for side in ("width", "height"):
+            given.setdefault(side, native_size or DEFAULT_SIZE)
+        params = GenerationParams(**({"prompt": ""} | given))
+    else:
+        params = dataclasses.replace(base, **given)
+    if isinstance(params.prompt, str):  # (a prompt that is no text is refused by validate)
+        prompt, tagged = prompt_loras(params.prompt, lora_dir)
+        params = dataclasses.replace(params, prompt=prompt, loras=[*params.loras, *tagged])
+    return params
+
+
+def parse_seeds(text: str, most: int = MAX_SEEDS) -> list[int]:
+    """"1-8" or "1,5,9-12": seeds in the order given, each at most once (batch's and bench's --seeds)."""
+    seeds: list[int] = []
+    for item in text.split(","):
+        low, dash, high = item.strip().partition("-")
+        try:
+            first, last = int(low), int(high if dash else low)
+        except ValueError:
+            raise AnimaError(f"--seeds takes seeds and ranges such as 1-8 or 1,5,9-12, got {text!r}") from None
+        if not 0 <= first <= last <= MAX_SEED:
+            raise AnimaError(f"--seeds: {item.strip()!r} is not a seed or a rising range of seeds from 0 to {MAX_SEED}")
+        if len(seeds) + last - first + 1 > most:
+            raise AnimaError(f"--seeds names more than {most} seeds")
+        seeds.extend(range(first, last + 1))
+    if len(set(seeds)) != len(seeds):
+        raise AnimaError(f"--seeds names a seed twice: {text!r}")
+    return seeds
+
+
+def cli_flags(name: str) -> tuple[str, ...]:
+    return option(name).flags or (f"--{name.replace('_', '-')}",)
+
+
+def _range(opt: Option) -> str:
+    if opt.kind == "choice":
+        return " \\| ".join(opt.choices)
+    if opt.low is None:
+        return ""
+    high = "2^64-1" if opt.high == MAX_SEED else f"{opt.high:g}"
+    return f"{opt.low:g} .. {high}" if not math.isinf(opt.high) else f">= {opt.low:g}"
+
+
+def settings_markdown() -> str:
+    """The README's table of settings, made from the table itself (tests/generation/test_params.py checks it)."""
+    rows = ["| setting | CLI | request field | JSONL key | default | range |", "|---|---|---|---|---|---|"]
+    for name, opt in options():
+        value = default(name, "cli")
+        shown_default = {"": '""', DEFAULT_NEGATIVE: "WebUI-style quality tags"}.get(value, value) \
+            if isinstance(value, str) else value
+        if name in ("width", "height"):
+            shown_default = "model's size, else 512"
+        elif name == "prompt":
+            shown_default = "(required)"
+        elif isinstance(value, (dict, list)) or value is None or isinstance(value, RknnOptions):
+            shown_default = "none"
+        request = f"`{opt.request}`" if opt.request else "(server's)"
+        if opt.request_default is not None:
+            request += f" (default {opt.request_default})"
+        rows.append(f"| {name} | `{cli_flags(name)[0]}` | {request} | {'`' + name + '`' if opt.picture else '-'} | "
+                    f"{shown_default} | {_range(opt)} |")
+    return "\n".join(rows)

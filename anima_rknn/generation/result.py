@@ -1,0 +1,145 @@
+"""What a generation gives back, and the one publisher of it.
+
+Every front end ends a run with `publish`: it refuses a result that is not finite (nothing is decoded or written
+then), writes the PNG with its `parameters` text to a path (atomically) or to bytes (a remote worker sends them
+back), and returns the run's record, the dict `generate --json` prints, a server job and a batch line report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..core.cpu_speed import AUTO
+from ..core.files import cached_sha256, png_bytes, save_png
+from ..errors import AnimaError
+from ..model.lora import lora_tag
+from ..sampling.euler import SampleResult
+from .params import GenerationParams
+
+
+@dataclasses.dataclass
+class Conditioning:
+    """Both prompts as DiT context rows [1, context_tokens, context_dim]."""
+
+    positive: torch.Tensor
+    negative: torch.Tensor
+    encode_s: float
+
+
+@dataclasses.dataclass
+class Denoised:
+    sample: SampleResult
+    transformer_passes: int
+    subgraph_runs: int
+    denoise_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodePlan:
+    """How a run's latent becomes its image, fixed by prepare() before any denoising: in one piece (tile None)
+    or in `tile`-px tiles overlapping by `overlap`, on `backend` (torch, or onnx / rknn running the VAE set in
+    `subgraphs`); never auto, which prepare() resolves."""
+
+    tile: int | None = None
+    overlap: int = 64
+    backend: str = "torch"
+    subgraphs: Path | None = None
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    image: Image.Image | None  # None when the latent is not finite
+    latent: np.ndarray
+    params: GenerationParams
+    conditioning: Conditioning
+    denoised: Denoised
+    decode_s: float
+    vae_backend: str | None = None  # the VAE backend that decoded (DecodePlan.backend); None: params.vae_backend
+    model: str = "anima"  # the DiT file's name, as the PNG's `parameters` names the model
+
+    @property
+    def finite(self) -> bool:
+        return self.denoised.sample.finite
+
+    def timings(self) -> dict[str, float]:
+        denoise_s = self.denoised.denoise_s
+        return {"encode_s": self.conditioning.encode_s, "denoise_s": denoise_s, "decode_s": self.decode_s,
+                "total_s": denoise_s + self.decode_s}
+
+    def summary(self, image: str | None) -> dict[str, Any]:
+        """The one result record: `generate --json` prints it, a server job and a batch result line report it.
+        `image` says where the picture is (None: not written)."""
+        sample, params = self.denoised.sample, self.params
+        return {
+            "image": image,
+            "width": params.width, "height": params.height, "steps": params.steps, "cfg": params.cfg,
+            "seed": params.seed, "backend": params.backend, "dtype": params.dtype, "cache": params.cache,
+            "vae_backend": self.vae_backend or params.vae_backend,
+            "cache_options": params.cache_options,
+            "loras": [{"name": ref.name, **ref.as_json()} for ref in params.loras],
+            "timings": {k: round(v, 4) for k, v in self.timings().items()},
+            "transformer_passes": self.denoised.transformer_passes, "subgraph_runs": self.denoised.subgraph_runs,
+            "computed_steps": sample.computed_steps, "skipped_steps": sample.skipped_steps,
+            "recomputed_steps": sample.recomputed_steps,
+            "cache_error_estimate": sample.error_estimate,  # None: the cache does not measure itself
+            "finite": self.finite,
+        }
+
+
+def png_parameters(params: GenerationParams, model_name: str, result: GenerationResult | None = None) -> str:
+    """The A1111/ComfyUI-style `parameters` text that image tools read back."""
+    fields = [f"Steps: {params.steps}", "Sampler: Euler", "Schedule type: Simple", f"CFG scale: {params.cfg}",
+              f"Seed: {params.seed}", f"Size: {params.width}x{params.height}", f"Model: {model_name}",
+              f"Shift: {params.shift}", f"Dtype: {params.dtype}", f"Backend: {params.backend}",
+              f"Cache: {params.cache}"]
+    if params.cache_options:
+        fields.append("Cache options: " + ",".join(f"{k}={v}" for k, v in params.cache_options.items()))
+    if result is not None and params.cache != "none":
+        fields.append(f"Computed steps: {len(result.denoised.sample.computed_steps)}/{params.steps}")
+        if result.denoised.sample.error_estimate is not None:
+            fields.append(f"Cache error estimate: {result.denoised.sample.error_estimate:.4g}")
+    vae_backend = (result.vae_backend if result is not None else None) or params.vae_backend
+    if vae_backend not in ("torch", AUTO):  # auto without a result is what was asked, not what decoded
+        fields.append(f"VAE backend: {vae_backend}")
+    prompt = params.prompt
+    if params.loras:  # as WebUI writes them: tags in the prompt, short hashes in a field
+        prompt = " ".join([prompt, *(lora_tag(ref) for ref in params.loras)])
+        hashes = ", ".join(f"{ref.name}: {cached_sha256(ref.path)[:12]}" for ref in params.loras)
+        fields.append(f'Lora hashes: "{hashes}"')
+    return f"{prompt}\nNegative prompt: {params.negative}\n" + ", ".join(fields)
+
+
+class NotFinite(AnimaError):
+    """The final latent has NaN/Inf in it: nothing was decoded or written. `record` is the run's record all the
+    same (image None, finite false), for a front end that reports it."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        super().__init__("the final latent is not finite (NaN/Inf); no image was written")
+        self.record = record
+
+
+@dataclasses.dataclass
+class Published:
+    record: dict[str, Any]  # GenerationResult.summary(): what was made, how, how fast
+    png: bytes | None = None  # the PNG file's bytes when it was published to bytes
+
+
+def publish(result: GenerationResult, to: Path | None = None, *, image: str | None = None,
+            overwrite: bool = False) -> Published:
+    """Publish `result`: its PNG (with the `parameters` text) written to `to` (atomically; an existing file only
+    with `overwrite`), or made as bytes when `to` is None; and its record, whose "image" says where the picture
+    is (`image`, default the path). A result that is not finite raises NotFinite and writes nothing."""
+    where = image if image is not None else (str(to) if to is not None else None)
+    if not result.finite:
+        raise NotFinite(result.summary(None))
+    parameters = png_parameters(result.params, result.model, result)
+    if to is None:
+        return Published(result.summary(where), png_bytes(result.image, parameters))
+    save_png(result.image, to, overwrite=overwrite, parameters=parameters)
+    return Published(result.summary(where))

@@ -1,0 +1,68 @@
+"""One job, start to end: continue from its resume state if it has one, generate, check and publish, report
+the step events, write checkpoints, and stop at a step boundary when asked.
+
+The drivers only say where things go: `generate` (a path given by the user, its own --resume state), `serve`'s
+queue (the data folder, cancel = stop), `batch`'s local worker (bytes for the driver, Ctrl-C = stop) and its Ray
+actors (bytes, states in the node's cache folder). What happens to a stopped job is theirs to decide: the
+runner raises resume.Interrupted with the state kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import AnimaError
+from ..generation.params import GenerationParams
+from ..generation.pipeline import AnimaPipeline
+from ..generation.result import Published, publish
+from ..generation.resume import Checkpoints, ResumeState, read_state
+from ..sampling.euler import StepCallback
+
+
+class JobRunner:
+    """Runs jobs one after another on one pipeline (a kept DiT stays loaded between them).
+
+    `checkpoint_every`: write the running job's state every N steps (None: after every computed step once a
+    run is long, resume.LONG_RUN_S); `warn` gets a periodic checkpoint that could not be written (the job goes
+    on; None: such a failure ends the job)."""
+
+    def __init__(self, pipeline: AnimaPipeline, *, checkpoint_every: int | None = None,
+                 warn: Callable[[AnimaError], None] | None = None) -> None:
+        self.pipeline, self.checkpoint_every, self.warn = pipeline, checkpoint_every, warn
+
+    @property
+    def model_name(self) -> str:
+        return self.pipeline.files.dit.name
+
+    def run(self, params: GenerationParams, *, state: Path | None, to: Path | None = None,
+            image: str | None = None, overwrite: bool = False, resume: ResumeState | None = None,
+            on_step: StepCallback | None = None, stop: Callable[[], bool] = lambda: False) -> Published:
+        """Generate `params` and publish the result (result.publish: to the path `to`, or as bytes; `image` is
+        where the record says the picture is). Checkpoints go to `state` (None: none are written, nothing
+        resumes); `resume` continues a stopped run. When `stop()` turns true the run ends at the next step
+        boundary with resume.Interrupted, its state kept. A job that fails raises its AnimaError; a finished or
+        failed job's state is removed (a failure is run afresh the next time)."""
+        checkpoints = (Checkpoints(state, self.checkpoint_every, stop=stop, warn=self.warn)
+                       if state is not None else None)
+        try:
+            result = self.pipeline.generate(params, on_step, checkpoints=checkpoints, resume=resume)
+            published = publish(result, to, image=image, overwrite=overwrite)
+        except AnimaError:
+            if checkpoints is not None:
+                checkpoints.remove()
+            raise
+        if checkpoints is not None:
+            checkpoints.remove()  # published: nothing left to resume
+        return published
+
+
+def saved_state(path: Path | None) -> ResumeState | None:
+    """The resume state a stopped job left at `path`, if there is a sound one: a damaged or foreign state of
+    this job is worth nothing, so the job starts over (and its next checkpoint replaces the file)."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        return read_state(path)
+    except AnimaError:
+        return None
