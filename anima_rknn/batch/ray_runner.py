@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import socket
 import sys
 from collections import deque
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bench.run import Sweep
+from ..checks import is_number
 from ..core.files import cache_dir
 from ..errors import AnimaError
 from ..model.model_set import ModelFiles
@@ -54,7 +54,7 @@ def parse_resources(text: str | None) -> dict[str, float]:
     except (ValueError, RecursionError):
         raise AnimaError(f"--ray-resources must be a JSON object such as '{{\"npu\": 1}}', got {text!r}") from None
     if not isinstance(resources, dict) or not resources or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+            is_number(v) and v > 0
             for v in resources.values()):
         raise AnimaError(f"--ray-resources must map resource names to positive numbers, got {text!r}")
     return {str(k): float(v) for k, v in resources.items()}

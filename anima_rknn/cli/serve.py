@@ -27,7 +27,7 @@ from .options import lora_dir_option, model_options, setting_options, setting_va
               help="Jobs, results and resume states; a restarted server picks its jobs up from here.")
 @click.option("--max-queue", type=click.IntRange(1, 1000), default=16, show_default=True,
               help="Waiting jobs at most; beyond it requests get HTTP 429.")
-@click.option("--cache", type=click.Choice(CACHE_NAMES), default="none", show_default=True,
+@click.option("--cache", type=click.Choice(CACHE_NAMES), default=default("cache"), show_default=True,
               help="Step cache for requests that do not choose one.")
 @click.option("--checkpoint-every", type=click.IntRange(min=1), default=None,
               help="Write a running job's resume state every N steps. Default: after every computed step once "

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..checks import is_integer, shown
+from ..checks import is_int_in, is_integer, is_number, shown
 from ..core.files import json_text
 from ..core.tensorfile import load_tensors, read_metadata, save_tensors
 from ..errors import AnimaError
@@ -34,7 +33,7 @@ from .params import SETTINGS, GenerationParams, settings_of
 from .result import Conditioning
 
 STATE_FORMAT = "anima-rknn-resume/1"
-STATE_KEY = "anima_rknn.generation.resume"
+STATE_KEY = "anima_rknn.resume"  # the metadata key of every state written: a format name, not the module path
 STATE_SUFFIX = ".state"
 # Checkpoints by default: after every computed step, once the run is this long (elapsed + ETA), so that a
 # crash or power cut on the board loses one step, while a seconds-long CPU run writes nothing.
@@ -209,7 +208,7 @@ def read_state(path: str | os.PathLike) -> ResumeState:
     fingerprints = _field(record, "fingerprints", dict)
     if (not {"dit", "text_encoder", "vae", "subgraphs"} <= set(fingerprints) <= FINGERPRINTS
             or not all(v is None or isinstance(v, str) for v in fingerprints.values())
-            or not all(isinstance(s, int) and 1 <= s <= step for s in recomputed) or not math.isfinite(denoise_s)):
+            or not all(is_int_in(s, 1, step) for s in recomputed) or not is_number(denoise_s)):
         raise AnimaError(f"{path}: the resume state's record is damaged")
     tensors = {name: t.numpy() for name, t in load_tensors(path, "resume state", dtypes=("F32",)).items()}
     latent = tensors.pop("latent", None)

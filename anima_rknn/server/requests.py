@@ -6,11 +6,11 @@ Its own module so that app.py and each API family share it without importing one
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from fastapi import Request
 
+from ..checks import is_number
 from ..errors import AnimaError
 from ..generation.params import REQUEST_FIELDS, option
 from .jobs import Job, JobQueue
@@ -28,8 +28,7 @@ def _number(body: dict[str, Any], key: str, default: Any) -> Any:
     value = body.get(key, default)
     if value is None:
         return default
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or isinstance(value, float) and not math.isfinite(value)):
+    if not is_number(value):
         raise BadRequest(f"{key} must be a finite number, got {json.dumps(value)[:40]}")
     return value
 

@@ -77,6 +77,19 @@ def state_file(pipeline, tmp_path_factory, one_thread):
     return path
 
 
+def test_the_state_file_format_is_what_earlier_releases_wrote(state_file):
+    """Read with the safetensors library itself: the record's metadata key and format name are the file format
+    (a state written by an earlier release must still resume), not names of this package's modules."""
+    from safetensors import safe_open
+
+    with safe_open(state_file, "np") as opened:
+        metadata, keys = opened.metadata(), set(opened.keys())
+    assert STATE_KEY == "anima_rknn.resume" and set(metadata) == {STATE_KEY}
+    record = json.loads(metadata[STATE_KEY])
+    assert record["format"] == "anima-rknn-resume/1" and record["step"] == 6
+    assert {"latent", "context.positive", "context.negative"} <= keys
+
+
 @pytest.mark.parametrize("change, pattern", [
     ({"prompt": "a blue square"}, "made with prompt 'a red circle', this run asks for 'a blue square'"),
     ({"steps": 13}, "made with steps 12"),
