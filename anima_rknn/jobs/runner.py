@@ -15,7 +15,7 @@ from pathlib import Path
 from ..errors import AnimaError
 from ..generation.params import GenerationParams
 from ..generation.pipeline import AnimaPipeline
-from ..generation.result import Published, publish
+from ..generation.result import NotFinite, Published, publish
 from ..generation.resume import Checkpoints, ResumeState, read_state
 from ..sampling.euler import StepCallback
 
@@ -39,16 +39,21 @@ class JobRunner:
             image: str | None = None, overwrite: bool = False, resume: ResumeState | None = None,
             on_step: StepCallback | None = None, stop: Callable[[], bool] = lambda: False) -> Published:
         """Generate `params` and publish the result (result.publish: to the path `to`, or as bytes; `image` is
-        where the record says the picture is). Checkpoints go to `state` (None: none are written, nothing
-        resumes); `resume` continues a stopped run. When `stop()` turns true the run ends at the next step
-        boundary with resume.Interrupted, its state kept. A job that fails raises its AnimaError; a finished or
-        failed job's state is removed (a failure is run afresh the next time)."""
+        where the record says the picture is). Checkpoints go to `state`; `resume` continues a stopped run. When
+        `stop()` turns true the run ends at the next step boundary with resume.Interrupted, its state kept
+        (without a `state` there is nothing to resume, so such a run is not stopped). A job that fails raises
+        its AnimaError.
+
+        The state is removed once the result is published, and when the run itself went wrong (NotFinite:
+        resuming would only repeat it). Any other failure keeps it: a refused resume (other settings or model
+        files) must not cost the user the run it refused, and a run whose image could not be written (a full
+        disk) can continue from it; a driver that will not run the job again removes it."""
         checkpoints = (Checkpoints(state, self.checkpoint_every, stop=stop, warn=self.warn)
                        if state is not None else None)
         try:
             result = self.pipeline.generate(params, on_step, checkpoints=checkpoints, resume=resume)
             published = publish(result, to, image=image, overwrite=overwrite)
-        except AnimaError:
+        except NotFinite:
             if checkpoints is not None:
                 checkpoints.remove()
             raise

@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse, Response
 from PIL import Image
 
 from ..errors import AnimaError
-from ..generation.params import GenerationParams, build, default
+from ..generation.params import REQUEST_FIELDS, GenerationParams, build, default, option
 from ..model.lora import LoraRef, named_lora
 from . import a1111, native, openai, page
 from .compare import NotReady
@@ -77,6 +77,17 @@ class Server:
         params = build(values | self.engine, native_size=self.native_size, lora_dir=self.lora_dir)
         params.validate()
         return params
+
+    def request_settings(self) -> list[dict[str, Any]]:
+        """The settings a request may give, as this server applies them: the table's entries (generation.params)
+        with this server's defaults (the model's size, its cache), for clients that build a form (the page)."""
+        defaults = {"width": self.native_size, "height": self.native_size, "cache": self.default_cache}
+        return [{"field": field, "setting": name, "kind": setting.kind, "help": setting.help,
+                 "default": defaults.get(name, default(name, "request")), "low": setting.low,
+                 "high": {"width": self.max_side, "height": self.max_side, "steps": self.max_steps}.get(
+                     name, setting.high), "choices": list(setting.choices)}
+                for field, name in REQUEST_FIELDS.items() for setting in [option(name)]
+                if setting.kind not in ("loras", "cache_options")]
 
     def _named_loras(self, value: Any) -> list[LoraRef]:
         """The native API's "loras": [{"name": NAME, "scale": SCALE}, ...], names from the server's LoRA folder."""

@@ -205,7 +205,8 @@ class JobQueue:
                 return
             state.unlink(missing_ok=True)
             self._finish(job, "cancelled")
-        except AnimaError as e:  # its state is gone with it (the runner removes a failed job's)
+        except AnimaError as e:  # a failed job is not run again: its state has nothing left to give
+            state.unlink(missing_ok=True)
             self._finish(job, "failed", str(e))
         except Exception as e:  # the server keeps serving; the job says what went wrong, in one line
             self._finish(job, "failed", f"internal error: {type(e).__name__}: {e}".splitlines()[0])

@@ -1,5 +1,6 @@
 """The native API, /api/jobs*: asynchronous jobs (submit, list, status, cancel, image, live preview, server-sent
-events) and compare with baseline (compare.py), which the page and scripts call.
+events) and compare with baseline (compare.py), which the page and scripts call; /api/settings, the settings a
+request may give with this server's defaults (the page builds its form from it).
 
 A submit answers at once with the job's status; the client then polls it or follows its events.
 """
@@ -29,6 +30,10 @@ def routes(server: Server) -> APIRouter:
     async def submit(request: Request):
         job = queue.submit(server.params(await json_body(request)))
         return job.status(queue.position(job))
+
+    @router.get("/api/settings")
+    async def settings():
+        return server.request_settings()
 
     @router.get("/api/jobs")
     async def recent():

@@ -26,7 +26,7 @@ def routes(server: Server) -> APIRouter:
     @router.post("/v1/images/generations")
     async def images(request: Request):
         body = await json_body(request)
-        size = _text(body, "size", "512x512")
+        size = _text(body, "size", f"{server.native_size}x{server.native_size}")  # the model's size, as generate
         try:
             width, height = (int(side) for side in size.lower().split("x"))
         except ValueError:

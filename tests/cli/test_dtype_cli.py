@@ -2,7 +2,7 @@
 
 import json
 
-from test_cpu_speed import write_cache
+from probe_cache import write_cache
 
 from anima_rknn.core import cpu_speed
 

@@ -3,16 +3,10 @@
 import json
 
 import pytest
+from probe_cache import write_cache
 
 from anima_rknn.core import cpu_speed
 from anima_rknn.generation.params import GenerationParams
-
-
-def write_cache(speeds):
-    path = cpu_speed.cache_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"format": "anima-rknn-dtype-probe/1", "machine": cpu_speed.machine_key(),
-                                "gflops": speeds}))
 
 
 @pytest.fixture

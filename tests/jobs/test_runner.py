@@ -119,12 +119,22 @@ def test_a_job_that_is_not_finite_raises_and_its_earlier_state_is_removed(broken
     assert list(tmp_path.iterdir()) == []  # no image, no state
 
 
-def test_a_job_refused_before_it_starts_raises_and_its_earlier_state_is_removed(runner, tmp_path):
+def test_a_refused_job_keeps_the_state_it_was_asked_to_continue(runner, tmp_path):
+    """Refusing a resume (other settings here; other model files alike) must not cost the user the run it refused:
+    the state stays, and the job with its own settings continues from it."""
     state = tmp_path / "x.png.state"
     interrupt(runner, PARAMS, state, after=2)
+    before = state.read_bytes()
+    with pytest.raises(AnimaError, match="made with steps 5"):
+        runner.run(dataclasses.replace(PARAMS, steps=6), state=state, to=tmp_path / "x.png",
+                   resume=saved_state(state))
     with pytest.raises(AnimaError, match="multiples of 16, got 63x64"):
         runner.run(dataclasses.replace(PARAMS, width=63), state=state, to=tmp_path / "x.png")
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["x.png.state"] and state.read_bytes() == before
+    seen = []
+    runner.run(PARAMS, state=state, to=tmp_path / "x.png", resume=saved_state(state),
+               on_step=lambda e: seen.append(e.step))
+    assert seen == [3, 4, 5] and not state.exists()
 
 
 def test_without_a_state_no_checkpoint_is_written_and_none_is_read_or_removed(runner, reference, tmp_path):

@@ -95,6 +95,13 @@ def test_the_page_generates_shows_progress_cancels_and_compares(server, browser,
     url, queue = server
     browser.get(f"{url}/")
     _until(browser, lambda d: d.find_element(By.ID, "model").text == "tiny", "the model name")
+    # The form is the server's settings table: its defaults, limits and the cache names it knows.
+    _until(browser, lambda d: d.find_element(By.ID, "steps").get_attribute("value") == "20", "the form's defaults")
+    assert [browser.find_element(By.ID, side).get_attribute(attribute) for side in ("width", "height")
+            for attribute in ("value", "max")] == ["512", "1024"] * 2
+    assert browser.find_element(By.ID, "seed").get_attribute("value") == "-1"
+    assert [o.text for o in Select(browser.find_element(By.ID, "cache")).options] == [
+        "none", "spectrum", "spectrum-plus", "reuse", "auto"]
 
     _fill(browser, width=4096)  # the API's one-line answer is shown as it is
     error = _until(browser, lambda d: d.find_element(By.ID, "error-text").text, "the error message")

@@ -91,6 +91,22 @@ def test_openai_client_generates_an_image(server):
     assert image.size == (64, 64) and "a blue square" in image.info["parameters"]
 
 
+def test_the_settings_a_request_may_give_come_from_the_table_with_the_servers_defaults(queue):
+    from anima_rknn.generation.params import REQUEST_FIELDS
+
+    with running(queue, default_cache="spectrum", native_size=64, max_steps=30) as url:
+        code, settings = call(f"{url}/api/settings")
+        by_field = {s["field"]: s for s in settings}
+        assert code == 200 and set(by_field) == set(REQUEST_FIELDS) - {"loras", "cache_options"}
+        assert (by_field["width"]["default"], by_field["steps"]["high"], by_field["cache"]["default"],
+                by_field["seed"]["default"], by_field["cfg_scale"]["setting"]) == (64, 30, "spectrum", -1, "cfg")
+        # A request that names no size gets the model's (the demo model's 64 px, not a flat 512 x 512 field).
+        code, status = call(f"{url}/api/jobs", {"prompt": "a red circle", "steps": 2})
+        assert code == 200 and (status["params"]["width"], status["params"]["height"]) == (64, 64)
+        assert status["params"]["cache"] == "spectrum"
+        queue.cancel(queue.get(status["id"]))
+
+
 def test_native_jobs_queue_run_and_report(server):
     url, queue = server
     code, job = call(f"{url}/api/jobs", {"prompt": "a cat", **SMALL, "seed": 3, "cache": "spectrum"})
