@@ -14,7 +14,7 @@ from typing import Any
 
 from ..core.files import Unreadable, read_small_file
 from ..errors import AnimaError
-from ..generation.params import RANDOM_SEED, SETTINGS, GenerationParams, build, settings_of
+from ..generation.params import RANDOM_SEED, SETTINGS, GenerationParams, build, canonical_settings, settings_of
 from ..generation.pipeline import AnimaPipeline
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -99,7 +99,8 @@ def read_jobs(path: str | Path, defaults: GenerationParams, seeds: list[int] | N
 
 def job_id(settings: dict[str, Any], fingerprints: dict[str, str | None]) -> str:
     """A hash of everything that makes the picture: the settings and the model files' fingerprints."""
-    canonical = json.dumps({"settings": settings, "model": fingerprints}, sort_keys=True, allow_nan=False)
+    canonical = json.dumps({"settings": canonical_settings(settings), "model": fingerprints}, sort_keys=True,
+                           allow_nan=False)
     return hashlib.sha256(canonical.encode()).hexdigest()[:ID_HEX]
 
 

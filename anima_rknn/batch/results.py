@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.files import Unreadable, json_text, output_folder, read_small_file, sha256_file, write_bytes, write_text
 from ..errors import AnimaError
+from ..generation.params import canonical_settings
 from .jobs import MAX_JOBS, BatchJob
 
 if TYPE_CHECKING:
@@ -81,7 +82,8 @@ class Results:
     def done(self, job: BatchJob) -> bool:
         """Its record says it finished with these settings, and its PNG is the one the record names."""
         record, png = self.records.get(job.id), self.folder / job.image
-        return (record is not None and record.get("error") is None and _same(record.get("params"), job.settings())
+        return (record is not None and record.get("error") is None and isinstance(record.get("params"), dict)
+                and _same(canonical_settings(record["params"]), canonical_settings(job.settings()))
                 and png.is_file() and sha256_file(png) == record.get("png_sha256"))
 
     def add(self, job: BatchJob, outcome: Outcome) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from ..engine.vae_tiles import VAE_BACKENDS
 from ..errors import AnimaError
 from ..model.lora import MAX_LORAS, LoraRef, lora_refs, prompt_loras
 from ..sampling.caches import CACHE_NAMES, make_cache
+from ..sampling.schedule import SCHEDULES, flow_sigmas, schedule_name
 from ..text.prompt import parse_prompt_weights
 from ..vae.tiling import TILING_MODES
 
@@ -60,6 +61,8 @@ class Option:
     # beside it.
     cli_default: Any = None
     request_default: Any = None
+    # Other spellings a front end may send, made ours by build() (A1111's schedule labels: "Karras" -> karras).
+    parse: Callable[[Any], Any] | None = None
 
 
 def _setting(default: Any, option: Option, factory: Any = None) -> Any:
@@ -89,6 +92,9 @@ class GenerationParams:
         request_default=RANDOM_SEED))  # WebUI clients leave the seed out (or send -1) to get a new picture
     shift: float = _setting(3.0, Option("Flow-matching sigma shift.", "number", low=1e-3, high=MAX_SHIFT,
                                         request="shift"))
+    scheduler: str = _setting("simple", Option(
+        "Sigma schedule, as ComfyUI computes it for a flow model (the shift applies to each); A1111's Schedule type "
+        "names are taken too.", "choice", choices=SCHEDULES, request="scheduler", parse=schedule_name))
     dtype: str = _setting("fp32", Option(
         "Attention/MLP body precision (residual stream, norms and AdaLN stay fp32); auto: the fastest on this CPU, "
         "measured once (bf16 only with native bf16).", "choice", choices=(AUTO, *DTYPE_NAMES),
@@ -164,6 +170,7 @@ class GenerationParams:
         if not isinstance(self.cache_options, dict):
             raise AnimaError("cache options must be a dict of option names to values")
         make_cache(self.cache, self.steps, self.cache_options)  # bad cache options fail before any model loads
+        flow_sigmas(self.steps, self.shift, self.scheduler)  # a schedule that cannot make these steps, now
         if not isinstance(self.loras, list) or len(self.loras) > MAX_LORAS:
             raise AnimaError(f"loras must be a list of at most {MAX_LORAS} LoRA files with scales")
         for ref in self.loras:
@@ -199,6 +206,12 @@ def default(name: str, front: str | None = None) -> Any:
 # Settings that change the picture: a resume state is refused when any differs, a batch job's id hashes them,
 # a JSONL job may set them. (The subgraph set, the RKNN options and the VAE backend only change how it is made.)
 SETTINGS = tuple(name for name, opt in options() if opt.picture)
+# Picture settings added after resume states were first written, with the value that earlier versions made (and
+# so meant) without naming it: a state without them still resumes.
+LATER_SETTINGS = {"loras": [], "lora_ignore_unmatched": False, "scheduler": "simple"}
+# Those added after batch job ids were first made: an id leaves them out at that value, so a batch made before
+# them is still found done.
+LATER_THAN_JOB_IDS = ("scheduler",)
 REQUEST_FIELDS = {opt.request: name for name, opt in options() if opt.request}  # request field -> setting
 SERVER_SETTINGS = tuple(name for name, opt in options() if opt.request is None)  # chosen when `serve` starts
 
@@ -225,6 +238,13 @@ def settings_of(params: GenerationParams) -> dict[str, Any]:
     return {name: getattr(params, name) for name in SETTINGS} | {"loras": [r.as_json() for r in params.loras]}
 
 
+def canonical_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """settings_of()'s dict without the settings newer than job ids that are at the value earlier versions meant:
+    what a batch job id hashes and a finished job's record is compared by."""
+    return {name: value for name, value in settings.items()
+            if not (name in LATER_THAN_JOB_IDS and value == LATER_SETTINGS[name])}
+
+
 def build(values: Mapping[str, Any], *, base: GenerationParams | None = None, native_size: int | None = None,
           lora_dir: Path | None = None) -> GenerationParams:
     """GenerationParams from a front end's values by setting name (a value of None: not given, the default).
@@ -237,6 +257,10 @@ def build(values: Mapping[str, Any], *, base: GenerationParams | None = None, na
     if unknown:
         raise AnimaError(f"unknown setting {shown(unknown[0])}")
     given = {name: value for name, value in values.items() if value is not None}
+    for name, value in given.items():
+        parse = option(name).parse
+        if parse is not None:
+            given[name] = parse(value)
     if base is None:
         for side in ("width", "height"):
             given.setdefault(side, native_size or DEFAULT_SIZE)

@@ -152,7 +152,7 @@ class AnimaPipeline:
                     v = v_uncond + cfg * (v - v_uncond)
             return (latent - sigma * v).numpy()
 
-        sigmas = flow_sigmas(params.steps, params.shift)
+        sigmas = flow_sigmas(params.steps, params.shift, params.scheduler)
         start = time.perf_counter()
         try:
             if not self.keep_dit:  # a one-off run: its sigmas and prompts are fixed, free what only they need

@@ -20,6 +20,7 @@ from ..core.files import cached_sha256, png_bytes, save_png
 from ..errors import AnimaError
 from ..model.lora import lora_tag
 from ..sampling.euler import SampleResult
+from ..sampling.schedule import SCHEDULE_LABELS
 from .params import GenerationParams
 
 
@@ -94,7 +95,8 @@ class GenerationResult:
 
 def png_parameters(params: GenerationParams, model_name: str, result: GenerationResult | None = None) -> str:
     """The A1111/ComfyUI-style `parameters` text that image tools read back."""
-    fields = [f"Steps: {params.steps}", "Sampler: Euler", "Schedule type: Simple", f"CFG scale: {params.cfg}",
+    fields = [f"Steps: {params.steps}", "Sampler: Euler", f"Schedule type: {SCHEDULE_LABELS[params.scheduler]}",
+              f"CFG scale: {params.cfg}",
               f"Seed: {params.seed}", f"Size: {params.width}x{params.height}", f"Model: {model_name}",
               f"Shift: {params.shift}", f"Dtype: {params.dtype}", f"Backend: {params.backend}",
               f"Cache: {params.cache}"]

@@ -29,7 +29,7 @@ from ..core.tensorfile import load_tensors, read_metadata, save_tensors
 from ..errors import AnimaError
 from ..sampling.caches import make_cache
 from ..sampling.euler import StepCallback, StepEvent
-from .params import SETTINGS, GenerationParams, settings_of
+from .params import LATER_SETTINGS, SETTINGS, GenerationParams, settings_of
 from .result import Conditioning
 
 STATE_FORMAT = "anima-rknn-resume/1"
@@ -39,7 +39,6 @@ STATE_SUFFIX = ".state"
 # crash or power cut on the board loses one step, while a seconds-long CPU run writes nothing.
 LONG_RUN_S = 60.0
 FINGERPRINTS = {"dit", "text_encoder", "vae", "subgraphs", "loras"}  # "loras": in states written since LoRAs
-_ADDED_SETTINGS = {"loras": [], "lora_ignore_unmatched": False}  # states written before these existed had none
 
 
 class Interrupted(Exception):
@@ -192,7 +191,7 @@ def read_state(path: str | os.PathLike) -> ResumeState:
         found = record.get("format") if isinstance(record, dict) else None
         raise AnimaError(f"{path} is not an {STATE_FORMAT} resume state"
                          + (f" (it is {shown(found)}: made by another version)" if found else ""))
-    settings = _ADDED_SETTINGS | _field(record, "params", dict)
+    settings = LATER_SETTINGS | _field(record, "params", dict)  # an earlier version's state names fewer
     if set(settings) != set(SETTINGS):
         raise AnimaError(f"{path}: the resume state's settings are not the ones this version writes")
     try:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from ..sampling.schedule import A1111_SCHEDULES, SCHEDULE_LABELS, SCHEDULES
 from .requests import BadRequest, _number, json_body
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ def routes(server: Server) -> APIRouter:
         seeds = [job.params.seed for job in jobs]
         info = {"prompt": params.prompt, "negative_prompt": params.negative, "seed": seeds[0], "all_seeds": seeds,
                 "width": params.width, "height": params.height, "steps": params.steps,
-                "cfg_scale": params.cfg, "sampler_name": "Euler", "infotexts": infotexts,
+                "cfg_scale": params.cfg, "sampler_name": "Euler", "scheduler": params.scheduler, "infotexts": infotexts,
                 "sd_model_name": server.model_name, "cache": params.cache}
         return {"images": [server._png_b64(job) for job in jobs], "parameters": body, "info": json.dumps(info)}
 
@@ -75,7 +76,11 @@ def routes(server: Server) -> APIRouter:
 
     @router.get("/sdapi/v1/schedulers")
     async def schedulers():
-        return [{"name": "simple", "label": "Simple"}]
+        # A1111's fields; a request's `scheduler` may be any name, label or alias listed.
+        return [{"name": name, "label": SCHEDULE_LABELS[name],
+                 "aliases": sorted({text for text, ours in A1111_SCHEDULES.items() if ours == name}
+                                   - {name, SCHEDULE_LABELS[name]}) or None,
+                 "default_rho": 7.0 if name == "karras" else -1, "need_inner_model": False} for name in SCHEDULES]
 
     @router.get("/sdapi/v1/options")
     async def options():

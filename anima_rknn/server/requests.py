@@ -54,7 +54,7 @@ def request_values(body: dict[str, Any]) -> dict[str, Any]:
             values[name] = int(number) if setting.kind == "int" else float(number)
         elif setting.kind in ("text", "choice"):
             values[name] = _text(body, field, "")
-            if setting.kind == "choice" and values[name] not in setting.choices:
+            if setting.kind == "choice" and setting.parse is None and values[name] not in setting.choices:
                 raise BadRequest(f"{field} must be one of {', '.join(setting.choices)}")
         elif setting.kind == "cache_options" and not isinstance(body[field], dict):
             raise BadRequest(f"{field} must be an object")

@@ -83,6 +83,11 @@ def test_ids_follow_settings_and_model_files_and_duplicates_are_refused(tmp_path
     ordered = dataclasses.replace(jobs[0].params, cache_options={"a": 2, "b": 1})
     jobs[0].params, jobs[1].params = reordered, ordered
     assert job_id(jobs[0].settings(), prints) == job_id(jobs[1].settings(), prints)
+    # A setting newer than job ids, at the value earlier versions meant, leaves the id as those versions made it:
+    # a batch folder made before it is still found done.
+    earlier = {name: value for name, value in jobs[2].settings().items() if name != "scheduler"}
+    assert job_id(earlier, prints) == jobs[2].id
+    assert job_id({**earlier, "scheduler": "karras"}, prints) != jobs[2].id
     twice = read_jobs(_file(tmp_path, "t.txt", ["cat", "dog", "cat"]), DEFAULTS)
     with pytest.raises(AnimaError, match="line 3 repeats the job of line 1"):
         name_jobs(twice, lambda params: prints)

@@ -30,6 +30,21 @@ def test_generate_writes_png_with_parameters_and_json(run_cli, model_dir, tmp_pa
     assert "Steps: 4" in parameters and "Seed: 20260812" in parameters and "CFG scale: 4.0" in parameters
 
 
+def test_a_schedule_is_chosen_by_its_comfyui_or_a1111_name_and_named_in_the_png(run_cli, model_dir, tmp_path):
+    paths = {name: tmp_path / f"{name}.png" for name in ("simple", "karras", "Karras")}
+    for name, path in paths.items():
+        result = run_cli("generate", "--model", model_dir, "-p", "cat", *FAST, "--scheduler", name, "-o", path)
+        assert result.code == 0, result.err
+    simple, karras, label = (np.asarray(Image.open(path)) for path in paths.values())
+    assert np.array_equal(karras, label) and not np.array_equal(simple, karras)
+    assert "Schedule type: Karras," in Image.open(paths["karras"]).text["parameters"]
+    assert "Schedule type: Simple," in Image.open(paths["simple"]).text["parameters"]
+    refused = run_cli("generate", "--model", model_dir, "-p", "cat", *FAST, "--scheduler", "ddim", "-o",
+                      tmp_path / "x.png")
+    assert refused.code == 1 and refused.err.startswith("error: unknown schedule 'ddim': choose one of simple")
+    assert refused.err.count("\n") == 1 and not (tmp_path / "x.png").exists()
+
+
 def test_same_seed_same_image_other_seed_other_image(run_cli, model_dir, tmp_path):
     paths = [tmp_path / f"{i}.png" for i in range(3)]
     for path, seed in zip(paths, (7, 7, 8)):

@@ -13,17 +13,21 @@ from anima_rknn.cli.serve import serve
 from anima_rknn.errors import AnimaError
 from anima_rknn.generation.params import (
     DEFAULT_NEGATIVE,
+    LATER_SETTINGS,
+    LATER_THAN_JOB_IDS,
     RANDOM_SEED,
     REQUEST_FIELDS,
     SERVER_SETTINGS,
     SETTINGS,
     GenerationParams,
     build,
+    canonical_settings,
     cli_flags,
     default,
     options,
     parse_seeds,
     settings_markdown,
+    settings_of,
 )
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -82,9 +86,26 @@ def test_build_takes_the_models_size_the_values_given_and_lora_tags(tmp_path):
 
 
 def test_picture_settings_are_what_states_and_job_ids_hold():
-    assert SETTINGS == ("prompt", "negative", "width", "height", "steps", "cfg", "seed", "shift", "dtype", "cache",
-                        "cache_options", "backend", "vae_tiling", "vae_tile", "vae_overlap", "loras",
+    assert SETTINGS == ("prompt", "negative", "width", "height", "steps", "cfg", "seed", "shift", "scheduler",
+                        "dtype", "cache", "cache_options", "backend", "vae_tiling", "vae_tile", "vae_overlap", "loras",
                         "lora_ignore_unmatched")
+    # Settings newer than states or job ids are read back at the value earlier versions meant without naming it.
+    assert set(LATER_SETTINGS) <= set(SETTINGS) and set(LATER_THAN_JOB_IDS) <= set(LATER_SETTINGS)
+    settings = settings_of(GenerationParams(prompt="cat"))
+    assert "scheduler" not in canonical_settings(settings) and canonical_settings(settings)["loras"] == []
+    assert canonical_settings({**settings, "scheduler": "karras"})["scheduler"] == "karras"
+
+
+def test_a_schedule_may_be_named_as_a1111_does_and_must_fit_the_steps():
+    assert build({"prompt": "cat", "scheduler": "Karras"}).scheduler == "karras"
+    assert build({"prompt": "cat", "scheduler": "SGM Uniform"}).scheduler == "sgm_uniform"
+    with pytest.raises(AnimaError, match="unknown schedule 'polyexponential'"):
+        build({"prompt": "cat", "scheduler": "polyexponential"})
+    with pytest.raises(AnimaError, match="unknown scheduler 'Karras'"):
+        GenerationParams(prompt="cat", scheduler="Karras").validate()  # the Python API takes our names
+    GenerationParams(prompt="cat", scheduler="beta", steps=138).validate()
+    with pytest.raises(AnimaError, match="138"):
+        GenerationParams(prompt="cat", scheduler="beta", steps=139).validate()
 
 
 @pytest.mark.parametrize("values, message", [

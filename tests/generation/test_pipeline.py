@@ -11,6 +11,7 @@ from anima_rknn.core.tensorfile import load_tensors, save_tensors
 from anima_rknn.generation.params import GenerationParams
 from anima_rknn.generation.pipeline import AnimaPipeline, initial_noise
 from anima_rknn.generation.result import DecodePlan, png_parameters
+from anima_rknn.sampling.schedule import flow_sigmas
 
 
 def test_initial_noise_is_the_cpu_generator_of_torch():
@@ -54,7 +55,18 @@ def test_parameters_text_reads_like_a1111():
     text = png_parameters(params, "anima.safetensors")
     first, second, third = text.split("\n")
     assert first == "a cat" and second == "Negative prompt: blurry"
-    assert "Steps: 20, Sampler: Euler" in third and "Cache: spectrum" in third and "Cache options: w=0.5" in third
+    assert "Steps: 20, Sampler: Euler, Schedule type: Simple," in third and "Cache: spectrum" in third
+    assert "Cache options: w=0.5" in third
+    karras = png_parameters(dataclasses.replace(params, scheduler="sgm_uniform"), "anima.safetensors")
+    assert "Schedule type: SGM Uniform," in karras  # A1111's label, which WebUI reads back
+
+
+@pytest.mark.parametrize("scheduler", ["simple", "karras", "beta"])
+def test_the_sampler_steps_through_the_chosen_schedule(tiny_set, scheduler):
+    params = GenerationParams(prompt="cat", width=64, height=64, steps=5, shift=2.0, scheduler=scheduler)
+    events = []
+    AnimaPipeline(tiny_set).generate(params, on_step=events.append)
+    assert [(e.sigma, e.sigma_next) for e in events] == list(zip(*[flow_sigmas(5, 2.0, scheduler)[i:] for i in (0, 1)]))
 
 
 @pytest.mark.parametrize("cfg, passes", [(4.0, 8), (1.0, 4)])

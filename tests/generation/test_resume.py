@@ -90,6 +90,16 @@ def test_the_state_file_format_is_what_earlier_releases_wrote(state_file):
     assert {"latent", "context.positive", "context.negative"} <= keys
 
 
+def test_a_state_from_before_a_setting_existed_resumes_with_the_value_it_meant(state_file, tmp_path):
+    """States written before the schedule was a setting name none: they were made with "simple"."""
+    record = json.loads(read_metadata(state_file, "state")[STATE_KEY])
+    del record["params"]["scheduler"]
+    older = tmp_path / "older.png.state"
+    save_tensors(load_tensors(state_file, "state"), older, {STATE_KEY: json.dumps(record)})
+    assert read_state(older).params.scheduler == "simple"
+    assert read_state(older).params == read_state(state_file).params
+
+
 @pytest.mark.parametrize("change, pattern", [
     ({"prompt": "a blue square"}, "made with prompt 'a red circle', this run asks for 'a blue square'"),
     ({"steps": 13}, "made with steps 12"),

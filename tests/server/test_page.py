@@ -102,6 +102,8 @@ def test_the_page_generates_shows_progress_cancels_and_compares(server, browser,
     assert browser.find_element(By.ID, "seed").get_attribute("value") == "-1"
     assert [o.text for o in Select(browser.find_element(By.ID, "cache")).options] == [
         "none", "spectrum", "spectrum-plus", "reuse", "auto"]
+    assert [o.text for o in Select(browser.find_element(By.ID, "scheduler")).options][:3] == [
+        "simple", "normal", "karras"]
 
     _fill(browser, width=4096)  # the API's one-line answer is shown as it is
     error = _until(browser, lambda d: d.find_element(By.ID, "error-text").text, "the error message")

@@ -81,6 +81,18 @@ def test_webuiapi_client_generates_an_image(server):
     assert [m["model_name"] for m in api.get_sd_models()] == ["tiny"]
 
 
+def test_a1111_schedule_types_are_listed_and_honoured(server):
+    url, _ = server
+    code, schedulers = call(f"{url}/sdapi/v1/schedulers")
+    assert code == 200 and [(s["name"], s["label"]) for s in schedulers] == [
+        ("simple", "Simple"), ("normal", "Normal"), ("karras", "Karras"), ("exponential", "Exponential"),
+        ("sgm_uniform", "SGM Uniform"), ("beta", "Beta"), ("linear_quadratic", "Linear Quadratic")]
+    host, port = url.removeprefix("http://").split(":")
+    api = webuiapi.WebUIApi(host=host, port=int(port))
+    result = api.txt2img(prompt="a red circle", seed=5, sampler_name="Euler", scheduler="Karras", **SMALL)
+    assert "Schedule type: Karras," in result.info["infotexts"][0] and result.info["scheduler"] == "karras"
+
+
 def test_openai_client_generates_an_image(server):
     url, _ = server
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="not-needed")
@@ -151,6 +163,8 @@ def test_cancel_stops_a_long_job_at_a_step_boundary(server):
     ("/sdapi/v1/txt2img", [1, 2], 400, "must be a JSON object"),
     ("/sdapi/v1/txt2img", {"prompt": "(" * 200 + "x", **SMALL, "cache": "bogus"}, 400, "cache must be one of"),
     ("/sdapi/v1/txt2img", {"prompt": "x", "batch_size": 9, **SMALL}, 400, "at most 8 images"),
+    ("/sdapi/v1/txt2img", {"prompt": "x", "scheduler": "Align Your Steps", **SMALL}, 400,
+     "unknown schedule 'Align Your Steps': choose one of simple, normal, karras"),
     ("/v1/images/generations", {"prompt": "x", "size": "huge"}, 400, "size must be WIDTHxHEIGHT"),
     ("/v1/images/generations", {"prompt": "x", "size": "64x64", "response_format": "url"}, 400, "b64_json"),
     ("/api/jobs", {"prompt": 5, **SMALL}, 400, "prompt must be a string"),
