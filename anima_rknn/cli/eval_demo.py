@@ -20,9 +20,10 @@ from ..demo.evaluate import (
     prompt_set,
 )
 from ..generation.params import resolve_seed
+from ..model.lora import parse_lora_option
 from ..sampling.caches import CACHE_NAMES
 from .group import cli
-from .options import FINITE, lora_file_options, lora_settings
+from .options import FINITE, lora_file_options
 
 
 @cli.command("eval-demo")
@@ -46,7 +47,7 @@ def eval_demo(model: str | None, count: int, concept: str, lora: tuple[str, ...]
     """Score how well the demo model follows its prompts (background, shape colour, position, shape, size)."""
     sheet_path = check_output_file(sheet, overwrite=overwrite, suffixes=(".png",))  # before minutes of work
     specs = prompt_set(count, concept=concept)
-    _, loras = lora_settings(None, lora, None)
+    loras = [parse_lora_option(text) for text in lora]
     model_dir = Path(model) if model else demo_model_dir()
     images = generate_images(model_dir, specs, steps=steps, cfg=cfg, seed=resolve_seed(seed), cache=cache,
                              loras=loras, lora_ignore_unmatched=lora_ignore_unmatched, progress=True)

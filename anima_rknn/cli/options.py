@@ -20,7 +20,7 @@ from ..engine.backends.rknn import CORE_MASKS, RUNTIMES, RknnOptions
 from ..engine.memory_plan import parse_size
 from ..generation.params import GenerationParams, build, cli_flags, default, option, options
 from ..model.io import trained_image_size
-from ..model.lora import LoraRef, parse_lora_option, prompt_loras
+from ..model.lora import parse_lora_option
 from ..model.model_set import ModelFiles
 from ..sampling.auto_cache import AUTO_OPTIONS
 from ..sampling.caches import OPTION_TYPES, parse_cache_options
@@ -183,27 +183,16 @@ def setting_values(values: dict[str, Any]) -> dict[str, Any]:
     return settings
 
 
-def params_from_cli(files: ModelFiles, values: dict[str, Any], *,
-                    base: GenerationParams | None = None) -> GenerationParams:
+def params_from_cli(files: ModelFiles, values: dict[str, Any]) -> GenerationParams:
     """GenerationParams of a command's setting options: width and height default to the model's trained size,
     the prompt's <lora:...> tags pick LoRAs from --lora-dir. Not validated yet (a resumed run fills in its state's
     settings first)."""
-    return build(setting_values(values), base=base, native_size=trained_image_size(files.dit),
-                 lora_dir=values.get("lora_dir"))
+    return build(setting_values(values), native_size=trained_image_size(files.dit), lora_dir=values.get("lora_dir"))
 
 
 def lora_file_options(f: F) -> F:
     """--lora FILE[:SCALE] (repeatable) / --lora-ignore-unmatched, for commands that take LoRA files alone."""
     return setting_options("loras", "lora_ignore_unmatched")(f)
-
-
-def lora_settings(prompt: str | None, lora: tuple[str, ...], lora_dir: Path | None) -> tuple[str | None, list[LoraRef]]:
-    """The prompt without its <lora:...> tags, and the LoRAs of --lora followed by those the tags name."""
-    refs = [parse_lora_option(text) for text in lora]
-    if prompt is None:
-        return None, refs
-    text, tagged = prompt_loras(prompt, lora_dir)
-    return text, refs + tagged
 
 
 def dit_image_size(dit: Path, width: int | None, height: int | None) -> tuple[int, int]:

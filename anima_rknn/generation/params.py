@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..checks import check_bool, check_choice, check_int, check_number, shown
 from ..core.cpu_speed import AUTO, resolve_dtype
 from ..engine import BACKENDS
@@ -27,7 +29,7 @@ from ..sampling.schedule import SCHEDULES, flow_sigmas, schedule_name
 from ..text.prompt import parse_prompt_weights
 from ..vae.tiling import TILING_MODES
 
-DTYPE_NAMES = ("fp32", "fp16", "bf16")
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}  # the bodies' dtypes, by name
 DEFAULT_NEGATIVE = "worst quality, low quality, score_1, score_2, score_3, blurry, jpeg artifacts, sepia"
 MAX_SIDE = 4096  # pixels; a 16-megapixel image, 4x what Anima was trained for
 MAX_STEPS = 1000
@@ -97,7 +99,7 @@ class GenerationParams:
         "names are taken too.", "choice", choices=SCHEDULES, request="scheduler", parse=schedule_name))
     dtype: str = _setting("fp32", Option(
         "Attention/MLP body precision (residual stream, norms and AdaLN stay fp32); auto: the fastest on this CPU, "
-        "measured once (bf16 only with native bf16).", "choice", choices=(AUTO, *DTYPE_NAMES),
+        "measured once (bf16 only with native bf16).", "choice", choices=(AUTO, *DTYPES),
         cli_default=AUTO))  # a script's numbers should not depend on the machine; a user wants the fast path
     cache: str = _setting("none", Option("Step cache: none = every step computed (the exact baseline).", "choice",
                                          choices=CACHE_NAMES, request="cache"))
@@ -182,19 +184,22 @@ LABELS = {"vae_tile": "VAE tile size", "vae_overlap": "VAE tile overlap", "vae_t
           "vae_backend": "VAE backend"}
 
 
+_FIELDS = {field.name: field for field in dataclasses.fields(GenerationParams)}
+
+
 def options() -> Iterator[tuple[str, Option]]:
     """Every setting's field name and Option, in the table's order."""
-    for field in dataclasses.fields(GenerationParams):
-        yield field.name, field.metadata["option"]
+    for name, field in _FIELDS.items():
+        yield name, field.metadata["option"]
 
 
 def option(name: str) -> Option:
-    return dict(options())[name]
+    return _FIELDS[name].metadata["option"]
 
 
 def default(name: str, front: str | None = None) -> Any:
     """The setting's default: the Python API's, or a front end's ("cli", "request") where the table gives one."""
-    found = next(field for field in dataclasses.fields(GenerationParams) if field.name == name)
+    found = _FIELDS[name]
     special = getattr(found.metadata["option"], f"{front}_default") if front else None
     if special is not None:
         return special
@@ -253,7 +258,7 @@ def build(values: Mapping[str, Any], *, base: GenerationParams | None = None, na
     (and not in `base`) are `native_size`, the size the model was trained at, when it says. The prompt's
     <lora:NAME:SCALE> tags are taken out and their LoRAs (from `lora_dir`) follow the listed ones.
     Not validated yet: a resumed run fills in its state's settings first."""
-    unknown = sorted(set(values) - {name for name, _ in options()})
+    unknown = sorted(set(values) - set(_FIELDS))
     if unknown:
         raise AnimaError(f"unknown setting {shown(unknown[0])}")
     given = {name: value for name, value in values.items() if value is not None}

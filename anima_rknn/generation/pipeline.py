@@ -34,13 +34,11 @@ from ..sampling.schedule import flow_sigmas
 from ..text import PromptTokenizer, load_text_encoder, qwen3_config_from_shapes
 from ..vae import decode_tiled, load_vae, read_vae_config
 from ..vae.tiling import plan_tiling
-from .params import MAX_PROMPT_TOKENS, GenerationParams
+from .params import DTYPES, MAX_PROMPT_TOKENS, GenerationParams
 from .result import Conditioning, DecodePlan, Denoised, GenerationResult
 
 if TYPE_CHECKING:
     from .resume import Checkpoints, ResumeState
-
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}  # params.DTYPE_NAMES
 
 
 def initial_noise(seed: int, width: int, height: int, channels: int = 16) -> np.ndarray:

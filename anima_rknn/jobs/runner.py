@@ -31,10 +31,6 @@ class JobRunner:
                  warn: Callable[[AnimaError], None] | None = None) -> None:
         self.pipeline, self.checkpoint_every, self.warn = pipeline, checkpoint_every, warn
 
-    @property
-    def model_name(self) -> str:
-        return self.pipeline.files.dit.name
-
     def run(self, params: GenerationParams, *, state: Path | None, to: Path | None = None,
             image: str | None = None, overwrite: bool = False, resume: ResumeState | None = None,
             on_step: StepCallback | None = None, stop: Callable[[], bool] = lambda: False) -> Published:

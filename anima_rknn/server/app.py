@@ -61,18 +61,24 @@ class Server:
 
     # ---- requests -> params -------------------------------------------------------------------------------
 
+    def request_defaults(self) -> dict[str, Any]:
+        """What this server gives a request that leaves a setting out, where the table's request default is not
+        it: the model's size and the server's cache (and the table's drawn seed)."""
+        return {"width": self.native_size, "height": self.native_size, "steps": default("steps"),
+                "seed": default("seed", "request"), "cache": self.default_cache}
+
+    def limits(self) -> dict[str, int]:
+        """This server's bounds, tighter than the table's (--max-side, --max-steps)."""
+        return {"width": self.max_side, "height": self.max_side, "steps": self.max_steps}
+
     def params(self, body: dict[str, Any]) -> GenerationParams:
         """A request's settings: its fields as the settings table names them (generation.params.REQUEST_FIELDS),
-        over the request defaults (a seed drawn when it gives none, the server's cache, the model's size), with
-        the server's own settings (SERVER_SETTINGS), which no request chooses."""
-        values = request_values(body)
-        for side in ("width", "height"):
-            if not 16 <= values.get(side, self.native_size) <= self.max_side:
-                raise BadRequest(f"width and height must be from 16 to {self.max_side}")
-        if not 1 <= values.get("steps", default("steps")) <= self.max_steps:
+        over request_defaults(), with the server's own settings (SERVER_SETTINGS), which no request chooses."""
+        values = self.request_defaults() | request_values(body)
+        if not all(16 <= values[side] <= self.max_side for side in ("width", "height")):
+            raise BadRequest(f"width and height must be from 16 to {self.max_side}")
+        if not 1 <= values["steps"] <= self.max_steps:
             raise BadRequest(f"steps must be from 1 to {self.max_steps}")
-        values.setdefault("seed", default("seed", "request"))
-        values.setdefault("cache", self.default_cache)
         values["loras"] = self._named_loras(values.get("loras") or [])
         params = build(values | self.engine, native_size=self.native_size, lora_dir=self.lora_dir)
         params.validate()
@@ -80,12 +86,11 @@ class Server:
 
     def request_settings(self) -> list[dict[str, Any]]:
         """The settings a request may give, as this server applies them: the table's entries (generation.params)
-        with this server's defaults (the model's size, its cache), for clients that build a form (the page)."""
-        defaults = {"width": self.native_size, "height": self.native_size, "cache": self.default_cache}
+        with this server's defaults and limits, for clients that build a form (the page)."""
+        defaults, limits = self.request_defaults(), self.limits()
         return [{"field": field, "setting": name, "kind": setting.kind, "help": setting.help,
                  "default": defaults.get(name, default(name, "request")), "low": setting.low,
-                 "high": {"width": self.max_side, "height": self.max_side, "steps": self.max_steps}.get(
-                     name, setting.high), "choices": list(setting.choices)}
+                 "high": limits.get(name, setting.high), "choices": list(setting.choices)}
                 for field, name in REQUEST_FIELDS.items() for setting in [option(name)]
                 if setting.kind not in ("loras", "cache_options")]
 

@@ -15,7 +15,7 @@ from PIL import Image
 
 from ..bench.metrics import difference_map, psnr, ssim
 from ..errors import AnimaError
-from ..generation.params import SETTINGS, GenerationParams
+from ..generation.params import GenerationParams, settings_of
 from .jobs import Job, JobQueue
 
 GIVEN_UP = ("failed", "cancelled")
@@ -30,10 +30,6 @@ class NotReady(AnimaError):
     """One of the two jobs failed or was cancelled (or is still running, for the difference map)."""
 
 
-def _settings(params: GenerationParams) -> dict[str, Any]:
-    return {name: getattr(params, name) for name in SETTINGS}
-
-
 def twin_params(job: Job) -> GenerationParams:
     if job.params.cache == "none":
         raise NotComparable(f"job {job.id} ran without a cache: it is its own baseline")
@@ -45,15 +41,15 @@ def twin_of(queue: JobQueue, job: Job) -> Job:
     wanted = twin_params(job)
     if job.state in GIVEN_UP:
         raise NotReady(f"job {job.id} {job.state}: there is nothing to compare")
-    settings = _settings(wanted)
+    settings = settings_of(wanted)
     reused = next((other for other in queue.recent() if other.state not in GIVEN_UP
-                   and _settings(other.params) == settings), None)
+                   and settings_of(other.params) == settings), None)
     return reused or queue.submit(wanted)
 
 
 def _check(job: Job, twin: Job) -> bool:
     """Whether both are completed; refuses a twin that is not the job's and a pair that will never be."""
-    if _settings(twin.params) != _settings(twin_params(job)):
+    if settings_of(twin.params) != settings_of(twin_params(job)):
         raise NotComparable(f"job {twin.id} is not the uncached twin of job {job.id}")
     for one in (job, twin):
         if one.state in GIVEN_UP:

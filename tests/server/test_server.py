@@ -165,6 +165,13 @@ def test_cancel_stops_a_long_job_at_a_step_boundary(server):
     ("/sdapi/v1/txt2img", {"prompt": "x", "batch_size": 9, **SMALL}, 400, "at most 8 images"),
     ("/sdapi/v1/txt2img", {"prompt": "x", "scheduler": "Align Your Steps", **SMALL}, 400,
      "unknown schedule 'Align Your Steps': choose one of simple, normal, karras"),
+    # The fields every API takes from the settings table, each checked as the CLI checks its flag.
+    ("/sdapi/v1/txt2img", {"prompt": "x", "scheduler": 5, **SMALL}, 400, "scheduler must be a string"),
+    ("/api/jobs", {"prompt": "x", "shift": "big", **SMALL}, 400, "shift must be a finite number"),
+    ("/api/jobs", {"prompt": "x", "shift": 1e308, **SMALL}, 400, "shift must be a finite number from 0.001 to 100"),
+    ("/api/jobs", {"prompt": "x", "vae_tile": 12, **SMALL}, 400, "VAE tile size must be an integer from 64"),
+    ("/api/jobs", {"prompt": "x", "vae_tiling": "maybe", **SMALL}, 400, "vae_tiling must be one of auto, on, off"),
+    ("/api/jobs", {"prompt": "x", "lora_ignore_unmatched": "yes", **SMALL}, 400, "must be true or false"),
     ("/v1/images/generations", {"prompt": "x", "size": "huge"}, 400, "size must be WIDTHxHEIGHT"),
     ("/v1/images/generations", {"prompt": "x", "size": "64x64", "response_format": "url"}, 400, "b64_json"),
     ("/api/jobs", {"prompt": 5, **SMALL}, 400, "prompt must be a string"),
