@@ -24,7 +24,7 @@ from anima_rknn.generation.resume import write_state
 from anima_rknn.model.config import PRESETS
 from anima_rknn.model.io import random_dit
 from anima_rknn.sampling.caches import make_cache
-from anima_rknn.sampling.euler import StepEvent
+from anima_rknn.sampling.sample import StepEvent
 
 FULL_CONTEXT = (1, 512, 1024)  # the real model's context rows x width
 
@@ -34,10 +34,11 @@ def spectrum_state(latent_shape: tuple[int, ...], steps: int = 20) -> dict:
     cache = make_cache("spectrum", steps)
     rng = np.random.default_rng(0)
     while len(cache.state()["history"]) < cache.history_len:
+        x0 = rng.standard_normal(latent_shape, dtype=np.float32)
         if cache.should_skip():
-            cache.forecast()
+            cache.forecast(x0)
         else:
-            cache.record(rng.standard_normal(latent_shape, dtype=np.float32))
+            cache.record(x0, x0)
     return cache.state()
 
 

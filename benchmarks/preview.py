@@ -30,7 +30,7 @@ from anima_rknn.generation.params import GenerationParams
 from anima_rknn.generation.pipeline import AnimaPipeline
 from anima_rknn.model.io import load_dit
 from anima_rknn.model.model_set import from_model_dir
-from anima_rknn.sampling.euler import StepEvent
+from anima_rknn.sampling.sample import StepEvent
 from anima_rknn.vae import WanVAEConfig, load_vae, random_vae
 from anima_rknn.vae.preview import (
     LatentProjection,

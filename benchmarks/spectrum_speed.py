@@ -30,10 +30,10 @@ def forecast_ms(steps: int, latent: np.ndarray, rounds: int = 200) -> float:
     spectrum = Spectrum(steps)
     rng = np.random.default_rng(0)
     while not spectrum.should_skip():
-        spectrum.record(rng.standard_normal(latent.shape, dtype=np.float32))
+        spectrum.record(latent, rng.standard_normal(latent.shape, dtype=np.float32))
     start = time.process_time()
     for _ in range(rounds):
-        spectrum.forecast()
+        spectrum.forecast(latent)
         spectrum.withdraw_forecast()
     return (time.process_time() - start) / rounds * 1e3
 

@@ -556,12 +556,12 @@ def test_checker_finds_an_upward_import_and_an_unplaced_module(tmp_path):
         "engine/run.py": "from anima_rknn import errors\n",  # a namespace package: engine/ has no __init__
         "cli/__init__.py": "from ..engine import run\nfrom ..core import files\n",
         "stray/__init__.py": "from ..core import files\n",
-        "sampling/euler.py": "import anima_rknn\n",
+        "sampling/sample.py": "import anima_rknn\n",
     }))
     assert layer_violations(graph) == [
         "anima_rknn/core/files.py:4: upward import: anima_rknn.core.files (layer 1 core) imports "
         "anima_rknn.engine.run (layer 5 engine) (in a function)",
-        "anima_rknn/sampling/euler.py:1: upward import: anima_rknn.sampling.euler (layer 2 sampling) imports "
+        "anima_rknn/sampling/sample.py:1: upward import: anima_rknn.sampling.sample (layer 2 sampling) imports "
         "anima_rknn, the package's entry point, above every layer"]
     assert placement_violations(graph) == [
         "anima_rknn/stray/: anima_rknn.stray is in no layer: place it in LAYERS (tests/test_import_graph.py) "
@@ -573,10 +573,10 @@ def test_checker_counts_a_type_checking_import_for_layers_not_for_cycles(tmp_pat
     graph = scan(write_package(tmp_path, {
         "vae/__init__.py": "",
         "vae/preview.py": ("from typing import TYPE_CHECKING\nimport typing\n\nif TYPE_CHECKING:\n"
-                           "    from ..sampling.euler import StepEvent\nelse:\n    StepEvent = object\n"
+                           "    from ..sampling.sample import StepEvent\nelse:\n    StepEvent = object\n"
                            "if typing.TYPE_CHECKING:\n    from ..engine import split\n"),
         "sampling/__init__.py": "",
-        "sampling/euler.py": "",
+        "sampling/sample.py": "",
         "engine/__init__.py": "",
         "engine/split.py": "from anima_rknn.vae.preview import StepEvent\n",
     }))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..bench.run import RunCallback, Sweep
 from ..generation.resume import Interrupted, default_state_path
-from ..sampling.euler import StepCallback
+from ..sampling.sample import StepCallback
 from .jobs import BatchJob
 from .results import Outcome
 from .worker import Worker

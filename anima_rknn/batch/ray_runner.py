@@ -24,7 +24,7 @@ from ..checks import is_number
 from ..core.files import cache_dir
 from ..errors import AnimaError
 from ..model.model_set import ModelFiles
-from ..sampling.euler import StepCallback
+from ..sampling.sample import StepCallback
 from .jobs import BatchJob
 from .local import Publish
 from .results import Outcome

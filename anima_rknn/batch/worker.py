@@ -18,7 +18,7 @@ from ..generation.params import GenerationParams
 from ..generation.pipeline import AnimaPipeline
 from ..jobs.runner import JobRunner, saved_state
 from ..model.model_set import ModelFiles
-from ..sampling.euler import StepCallback
+from ..sampling.sample import StepCallback
 from .jobs import BatchJob
 from .results import Outcome
 

@@ -16,7 +16,7 @@ from ..generation.params import GenerationParams
 from ..generation.pipeline import AnimaPipeline
 from ..generation.result import Conditioning, DecodePlan, Denoised
 from ..sampling.caches import CACHE_NAMES, make_cache
-from ..sampling.euler import StepCallback, StepEvent
+from ..sampling.sample import StepCallback, StepEvent
 
 BASELINE = "baseline"
 # Every run keeps its per-step x0 for the report, so the number of runs is bounded.

@@ -16,7 +16,7 @@ from ..generation.params import RANDOM_SEED, GenerationParams, parse_seeds
 from ..generation.pipeline import AnimaPipeline
 from ..generation.resume import Interrupted
 from ..model.model_set import ModelFiles, resolve
-from ..sampling.euler import StepEvent
+from ..sampling.sample import StepEvent
 from .group import cli
 from .options import lora_dir_option, model_options, params_from_cli, ray_options, setting_options
 from .signals import stop_on_signals

@@ -23,7 +23,7 @@ from ..generation.params import parse_seeds
 from ..generation.pipeline import AnimaPipeline
 from ..generation.result import GenerationResult, publish
 from ..model.model_set import resolve
-from ..sampling.euler import StepEvent
+from ..sampling.sample import StepEvent
 from .group import cli
 from .options import FINITE, lora_dir_option, model_options, params_from_cli, ray_options, setting_options
 

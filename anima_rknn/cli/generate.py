@@ -17,7 +17,7 @@ from ..generation.result import NotFinite
 from ..generation.resume import STATE_SUFFIX, Interrupted, ResumeState, default_state_path, output_of_state, read_state
 from ..jobs.runner import JobRunner
 from ..model.model_set import resolve
-from ..sampling.euler import StepCallback, StepEvent
+from ..sampling.sample import StepCallback, StepEvent
 from ..vae.preview import PreviewWriter
 from .group import cli
 from .options import cli_names, generation_options, params_from_cli

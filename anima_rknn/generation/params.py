@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..checks import check_bool, check_choice, check_int, check_number, shown
@@ -25,6 +26,7 @@ from ..engine.vae_tiles import VAE_BACKENDS
 from ..errors import AnimaError
 from ..model.lora import MAX_LORAS, LoraRef, lora_refs, prompt_loras
 from ..sampling.caches import CACHE_NAMES, make_cache
+from ..sampling.samplers import SAMPLER_NAMES, SAMPLERS, call_sigmas, sampler_name
 from ..sampling.schedule import SCHEDULES, flow_sigmas, schedule_name
 from ..text.prompt import parse_prompt_weights
 from ..vae.tiling import TILING_MODES
@@ -36,6 +38,7 @@ MAX_STEPS = 1000
 MAX_PROMPT_CHARS = 20_000
 MAX_PROMPT_TOKENS = 4096  # Qwen3 tokens; its attention over a prompt grows with the square of this
 MAX_CFG, MAX_SHIFT = 100.0, 100.0
+MAX_S_NOISE = 10.0
 RANDOM_SEED = -1  # as in WebUI: draw a seed; the one drawn is what params, JSON and PNG report
 MAX_SEED = 2**64 - 1
 MAX_SEEDS = 10_000  # one --seeds list
@@ -97,6 +100,17 @@ class GenerationParams:
     scheduler: str = _setting("simple", Option(
         "Sigma schedule, as ComfyUI computes it for a flow model (the shift applies to each); A1111's Schedule type "
         "names are taken too.", "choice", choices=SCHEDULES, request="scheduler", parse=schedule_name))
+    sampler: str = _setting("euler", Option(
+        "Sampler, as ComfyUI names it (A1111's display names such as \"Euler a\" or \"DPM++ 2M SDE\" are taken too); "
+        "heun, dpmpp_sde and sa_solver_pece call the model twice a step.", "choice", choices=SAMPLER_NAMES,
+        request="sampler_name", parse=sampler_name))
+    eta: float | None = _setting(None, Option(
+        "Share of each step that is stochastic, for the samplers that have it (euler_ancestral, dpmpp_2m_sde, "
+        "dpmpp_sde, sa_solver*); default 1, 0 makes them deterministic.", "number", low=0.0, high=1.0,
+        request="eta"))
+    s_noise: float | None = _setting(None, Option(
+        "Scale of the noise a stochastic sampler adds back (default 1: the exact noise level).", "number", low=0.0,
+        high=MAX_S_NOISE, request="s_noise"))
     dtype: str = _setting("fp32", Option(
         "Attention/MLP body precision (residual stream, norms and AdaLN stay fp32); auto: the fastest on this CPU, "
         "measured once (bf16 only with native bf16).", "choice", choices=(AUTO, *DTYPES),
@@ -152,7 +166,7 @@ class GenerationParams:
                 low = 0 if name == "seed" else option.low  # a drawn seed was resolved in __post_init__
                 high = self.vae_tile // 2 if name == "vae_overlap" else option.high
                 check_int(LABELS.get(name, name), value, low, high)
-            elif option.kind == "number":
+            elif option.kind == "number" and not (value is None and default(name) is None):
                 check_number(name, value, option.low, option.high)
             elif option.kind == "choice":
                 check_choice(LABELS.get(name, name), value, option.choices)
@@ -169,14 +183,35 @@ class GenerationParams:
         if self.vae_backend in ("onnx", "rknn") and self.vae_tiling == "off":
             raise AnimaError(f"the {self.vae_backend} VAE backend always decodes in its set's tiles: "
                              "drop --no-vae-tiling")
+        sampler = SAMPLERS[self.sampler]
+        for name, takes in (("eta", sampler.takes_eta), ("s_noise", sampler.takes_s_noise)):
+            if getattr(self, name) is not None and not takes:
+                having = [s.name for s in SAMPLERS.values() if getattr(s, f"takes_{name}")]
+                raise AnimaError(f"sampler {self.sampler} has no {name}; these do: {', '.join(having)}")
         if not isinstance(self.cache_options, dict):
             raise AnimaError("cache options must be a dict of option names to values")
-        make_cache(self.cache, self.steps, self.cache_options)  # bad cache options fail before any model loads
-        flow_sigmas(self.steps, self.shift, self.scheduler)  # a schedule that cannot make these steps, now
+        sigmas = flow_sigmas(self.steps, self.shift, self.scheduler)  # a schedule that cannot make these steps, now
+        make_cache(self.cache, self.model_calls(sigmas), self.cache_options)  # bad cache options fail now too
         if not isinstance(self.loras, list) or len(self.loras) > MAX_LORAS:
             raise AnimaError(f"loras must be a list of at most {MAX_LORAS} LoRA files with scales")
         for ref in self.loras:
             ref.check()
+
+    def sigmas(self) -> np.ndarray:
+        return flow_sigmas(self.steps, self.shift, self.scheduler)
+
+    def model_calls(self, sigmas: np.ndarray | None = None) -> int:
+        """The model calls the sampler makes over the run (a step cache's steps): the steps, or more for heun and
+        the like."""
+        return len(call_sigmas(SAMPLERS[self.sampler], self.sigmas() if sigmas is None else sigmas))
+
+    @property
+    def eta_value(self) -> float:
+        return 1.0 if self.eta is None else float(self.eta)
+
+    @property
+    def s_noise_value(self) -> float:
+        return 1.0 if self.s_noise is None else float(self.s_noise)
 
 
 # How validate() names a setting where its field name would read oddly in a message.
@@ -213,10 +248,11 @@ def default(name: str, front: str | None = None) -> Any:
 SETTINGS = tuple(name for name, opt in options() if opt.picture)
 # Picture settings added after resume states were first written, with the value that earlier versions made (and
 # so meant) without naming it: a state without them still resumes.
-LATER_SETTINGS = {"loras": [], "lora_ignore_unmatched": False, "scheduler": "simple"}
+LATER_SETTINGS = {"loras": [], "lora_ignore_unmatched": False, "scheduler": "simple", "sampler": "euler",
+                  "eta": None, "s_noise": None}
 # Those added after batch job ids were first made: an id leaves them out at that value, so a batch made before
 # them is still found done.
-LATER_THAN_JOB_IDS = ("scheduler",)
+LATER_THAN_JOB_IDS = ("scheduler", "sampler", "eta", "s_noise")
 REQUEST_FIELDS = {opt.request: name for name, opt in options() if opt.request}  # request field -> setting
 SERVER_SETTINGS = tuple(name for name, opt in options() if opt.request is None)  # chosen when `serve` starts
 

@@ -29,8 +29,8 @@ from ..model.io import load_dit, load_llm_adapter, read_dit_config
 from ..model.lora import Lora, LoraRef, lora_fingerprints, open_loras
 from ..model.model_set import ModelFiles
 from ..sampling.caches import make_cache
-from ..sampling.euler import StepCallback, sample_euler
-from ..sampling.schedule import flow_sigmas
+from ..sampling.sample import StepCallback, sample
+from ..sampling.samplers import SAMPLERS, call_sigmas
 from ..text import PromptTokenizer, load_text_encoder, qwen3_config_from_shapes
 from ..vae import decode_tiled, load_vae, read_vae_config
 from ..vae.tiling import plan_tiling
@@ -130,18 +130,19 @@ class AnimaPipeline:
                 resume: ResumeState | None = None) -> Denoised:
         """The sampler loop on the split engine; `resume` continues a stopped run from its state."""
         params.validate()
-        cache = make_cache(params.cache, params.steps, params.cache_options)
+        sampler, sigmas = SAMPLERS[params.sampler], params.sigmas()
+        cache = make_cache(params.cache, params.model_calls(sigmas), params.cache_options)
         if resume is None:
-            first, x, recomputed = 0, initial_noise(params.seed, params.width, params.height), []
+            first, x, sampler_state = 0, initial_noise(params.seed, params.width, params.height), None
         else:
             cache.restore(resume.cache_state)
-            first, x, recomputed = resume.step, resume.latent, resume.recomputed
+            first, x, sampler_state = resume.step, resume.latent, resume.sampler_state
         dit = self._load_dit(params.dtype, self.open_loras(params.loras, params.lora_ignore_unmatched))
         engine = make_engine(dit, params.backend, subgraphs=params.subgraphs, width=params.width,
                              height=params.height, dit_path=self.files.dit, rknn=params.rknn)
         cfg = params.cfg
 
-        def denoise(x: np.ndarray, sigma: float, step: int) -> np.ndarray:
+        def denoise(x: np.ndarray, sigma: float) -> np.ndarray:
             latent = torch.from_numpy(x)
             with torch.no_grad():
                 v = engine.velocity(latent, sigma, conditioning.positive)
@@ -150,21 +151,21 @@ class AnimaPipeline:
                     v = v_uncond + cfg * (v - v_uncond)
             return (latent - sigma * v).numpy()
 
-        sigmas = flow_sigmas(params.steps, params.shift, params.scheduler)
         start = time.perf_counter()
         try:
             if not self.keep_dit:  # a one-off run: its sigmas and prompts are fixed, free what only they need
-                engine.fix_run(list(sigmas[first:-1]),
+                engine.fix_run(list(dict.fromkeys(call_sigmas(sampler, sigmas, first))),
                                [conditioning.positive, conditioning.negative][: 1 + (cfg != 1.0)])
                 return_freed_memory()
-            sample = sample_euler(denoise, x, sigmas, cache, callback=on_step, start=first, recomputed=recomputed)
+            sampled = sample(sampler, denoise, x, sigmas, cache, on_step, seed=params.seed, eta=params.eta_value,
+                             s_noise=params.s_noise_value, start=first, state=sampler_state)
         finally:
             engine.close()
         elapsed = time.perf_counter() - start + (resume.denoise_s if resume is not None else 0.0)
         passes, subgraph_runs = engine.passes, engine.subgraph_runs
         del dit, engine, denoise  # the step function holds the engine too
         return_freed_memory()
-        return Denoised(sample, passes, subgraph_runs, elapsed)
+        return Denoised(sampled, passes, subgraph_runs, elapsed)
 
     def decode(self, latent: np.ndarray, plan: DecodePlan = DecodePlan(),
                rknn: RknnOptions = RknnOptions()) -> tuple[Image.Image, float]:

@@ -19,7 +19,7 @@ from ..core.cpu_speed import AUTO
 from ..core.files import cached_sha256, png_bytes, save_png
 from ..errors import AnimaError
 from ..model.lora import lora_tag
-from ..sampling.euler import SampleResult
+from ..sampling.sample import SampleResult
 from ..sampling.schedule import SCHEDULE_LABELS
 from .params import GenerationParams
 

@@ -1,10 +1,11 @@
 """Stop a long generation and resume it later, bit-identically: the resume state file and periodic checkpoints.
 
 A state is one safetensors file (written through the output module, so always whole): the latent after the
-last finished step, both prompts' DiT contexts, the cache's stored x0, and one JSON record in its metadata
-with the format version, every generation setting, fingerprints of the model files and the subgraph set, the
-step index and the cache's schedule. Nothing in it is a path we open or a pickle: resuming reads tensors
-and JSON only, and every value is checked before use.
+last finished step, both prompts' DiT contexts, the cache's stored x0, the sampler's history (the x0 a multistep
+sampler reads again), and one JSON record in its metadata with the format version, every generation setting,
+fingerprints of the model files and the subgraph set, the step index and the cache's schedule. A stochastic
+sampler's noise is not stored: it is drawn again from (seed, step). Nothing in it is a path we open or a pickle:
+resuming reads tensors and JSON only, and every value is checked before use.
 
 Prompt contexts are stored rather than re-encoded: 4 MiB at Anima's 512 x 1024 x 2 in float32 against loading
 1.2 GB of Qwen3 again (seconds on the board), and re-encoding with another thread count could change the
@@ -28,7 +29,8 @@ from ..core.files import json_text
 from ..core.tensorfile import load_tensors, read_metadata, save_tensors
 from ..errors import AnimaError
 from ..sampling.caches import make_cache
-from ..sampling.euler import StepCallback, StepEvent
+from ..sampling.sample import StepCallback, StepEvent
+from ..sampling.samplers import SAMPLERS, history_layout
 from .params import LATER_SETTINGS, SETTINGS, GenerationParams, settings_of
 from .result import Conditioning
 
@@ -69,7 +71,7 @@ class ResumeState:
     latent: np.ndarray  # after `step` steps
     conditioning: Conditioning
     cache_state: dict[str, Any]
-    recomputed: list[int]
+    sampler_state: dict[str, Any]  # the sampler's history and the refused forecasts so far (StepEvent's)
     denoise_s: float  # denoising time spent before the stop
 
     def check_settings(self, params: GenerationParams) -> None:
@@ -93,22 +95,30 @@ class ResumeState:
 
 # ---- writing -------------------------------------------------------------------------------------------------
 
-def write_state(path: Path, params: GenerationParams, fingerprints: dict[str, str | None], event: StepEvent,
-                conditioning: Conditioning, recomputed: list[int], denoise_s: float) -> None:
-    scalars, tensors = {}, {"latent": torch.from_numpy(np.ascontiguousarray(event.x)),
-                            "context.positive": conditioning.positive, "context.negative": conditioning.negative}
-    for key, value in event.cache_state.items():
+def _stored(prefix: str, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """A state() dict as JSON entries, its lists of arrays moved into `tensors` as prefix.key.i."""
+    scalars: dict[str, Any] = {}
+    for key, value in state.items():
         if isinstance(value, list) and value and all(isinstance(v, np.ndarray) for v in value):
             for i, array in enumerate(value):
-                tensors[f"cache.{key}.{i}"] = torch.from_numpy(np.ascontiguousarray(array))
+                tensors[f"{prefix}.{key}.{i}"] = torch.from_numpy(np.ascontiguousarray(array))
             scalars[key] = {"arrays": len(value)}
         else:
             scalars[key] = {"value": value}
+    return scalars
+
+
+def write_state(path: Path, params: GenerationParams, fingerprints: dict[str, str | None], event: StepEvent,
+                conditioning: Conditioning, denoise_s: float) -> None:
+    tensors = {"latent": torch.from_numpy(np.ascontiguousarray(event.x)),
+               "context.positive": conditioning.positive, "context.negative": conditioning.negative}
+    sampler_state = event.sampler_state or {}
     record = {
-        "format": STATE_FORMAT, "step": event.step, "total": event.total, "recomputed": recomputed,
-        "denoise_s": denoise_s, "fingerprints": fingerprints,
-        "params": settings_of(params),
-        "cache": scalars,
+        "format": STATE_FORMAT, "step": event.step, "total": event.total,
+        "recomputed": list(sampler_state.get("recomputed", [])), "denoise_s": denoise_s,
+        "fingerprints": fingerprints, "params": settings_of(params),
+        "cache": _stored("cache", event.cache_state, tensors),
+        "sampler": _stored("sampler", sampler_state.get("history", {}), tensors),
     }
     save_tensors(tensors, path, {STATE_KEY: json_text(record)})
 
@@ -128,16 +138,12 @@ class Checkpoints:
 
     def listener(self, params: GenerationParams, fingerprints: dict[str, str | None], conditioning: Conditioning,
                  on_step: StepCallback | None, resumed: ResumeState | None = None) -> StepCallback:
-        recomputed = list(resumed.recomputed) if resumed else []
         spent_before = resumed.denoise_s if resumed else 0.0
 
         def write(event: StepEvent) -> None:
-            write_state(self.path, params, fingerprints, event, conditioning, recomputed,
-                        spent_before + event.elapsed_s)
+            write_state(self.path, params, fingerprints, event, conditioning, spent_before + event.elapsed_s)
 
         def listen(event: StepEvent) -> None:
-            if event.recomputed:
-                recomputed.append(event.step)
             last = event.step == event.total
             due = (event.step % self.every == 0 if self.every is not None
                    else event.computed and spent_before + event.elapsed_s + event.eta_s > LONG_RUN_S)
@@ -205,9 +211,11 @@ def read_state(path: str | os.PathLike) -> ResumeState:
     recomputed = _field(record, "recomputed", list)
     denoise_s = _field(record, "denoise_s", (int, float))
     fingerprints = _field(record, "fingerprints", dict)
+    sigmas = params.sigmas()
+    calls_done = params.model_calls(sigmas[: step + 1])
     if (not {"dit", "text_encoder", "vae", "subgraphs"} <= set(fingerprints) <= FINGERPRINTS
             or not all(v is None or isinstance(v, str) for v in fingerprints.values())
-            or not all(is_int_in(s, 1, step) for s in recomputed) or not is_number(denoise_s)):
+            or not all(is_int_in(s, 1, calls_done) for s in recomputed) or not is_number(denoise_s)):
         raise AnimaError(f"{path}: the resume state's record is damaged")
     tensors = {name: t.numpy() for name, t in load_tensors(path, "resume state", dtypes=("F32",)).items()}
     latent = tensors.pop("latent", None)
@@ -218,41 +226,55 @@ def read_state(path: str | os.PathLike) -> ResumeState:
     if any(c is None or c.ndim != 3 or c.shape[0] != 1 or c.shape != contexts[0].shape or not np.isfinite(c).all()
            for c in contexts):
         raise AnimaError(f"{path}: the resume state's prompt contexts are missing or damaged")
-    cache_state = _cache_state(_field(record, "cache", dict), tensors, path)
-    _check_cache(params, cache_state, step, latent.size, path)
+    cache_state = _arrays_back("cache", _field(record, "cache", dict), tensors, path)
+    # A state written before other samplers existed has no sampler entry: Euler's history is empty.
+    history = _arrays_back("sampler", record.get("sampler", {}) if isinstance(record.get("sampler", {}), dict)
+                           else None, tensors, path)
+    if tensors:
+        raise AnimaError(f"{path}: the resume state's cache arrays do not match its record")
+    _check_cache(params, cache_state, step, calls_done, latent.size, path)
+    layout = history_layout(SAMPLERS[params.sampler], sigmas, step)
+    if {key: len(value) if isinstance(value, list) else None for key, value in history.items()} != layout or any(
+            array.shape != latent.shape for arrays in history.values() for array in arrays):
+        raise AnimaError(f"{path}: the resume state's sampler history does not fit {params.sampler} at step {step}")
     conditioning = Conditioning(torch.from_numpy(contexts[0]), torch.from_numpy(contexts[1]), 0.0)
-    return ResumeState(params, fingerprints, step, latent, conditioning, cache_state, recomputed, float(denoise_s))
+    return ResumeState(params, fingerprints, step, latent, conditioning, cache_state,
+                       {"history": history, "recomputed": recomputed}, float(denoise_s))
 
 
-def _check_cache(params: GenerationParams, state: dict[str, Any], step: int, latent_size: int, path: Path) -> None:
-    """The cache state restores into this run's cache at exactly `step` finished steps, every stored x0 the
-    latent's size: checked now, before any model loads, and never more than an AnimaError."""
+def _check_cache(params: GenerationParams, state: dict[str, Any], step: int, calls: int, latent_size: int,
+                 path: Path) -> None:
+    """The cache state restores into this run's cache at exactly `step` finished steps (`calls` model calls done),
+    every stored x0 the latent's size: checked now, before any model loads, and never more than an AnimaError."""
     if any(array.size != latent_size for value in state.values() if isinstance(value, list)
            for array in value if isinstance(array, np.ndarray)):
         raise AnimaError(f"{path}: the resume state's stored x0 are not the latent's size")
-    cache = make_cache(params.cache, params.steps, params.cache_options)
+    cache = make_cache(params.cache, params.model_calls(), params.cache_options)
     try:
         cache.restore(state)
     except AnimaError as e:
         raise AnimaError(f"{path}: {e}") from None
     except (TypeError, ValueError, KeyError, AttributeError):
         raise AnimaError(f"{path}: the resume state's cache state is damaged") from None
-    if len(cache.computed_steps) + len(cache.skipped_steps) != step:
+    if len(cache.computed_steps) + len(cache.skipped_steps) != calls:
         raise AnimaError(f"{path}: the resume state's cache state is not at step {step}")
 
 
-def _cache_state(scalars: dict[str, Any], tensors: dict[str, np.ndarray], path: Path) -> dict[str, Any]:
-    """The cache's state() again: JSON values as they were, arrays gathered back into their lists."""
+def _arrays_back(prefix: str, scalars: dict[str, Any] | None, tensors: dict[str, np.ndarray],
+                 path: Path) -> dict[str, Any]:
+    """A state() dict again from its stored entries: JSON values as they were, arrays taken out of `tensors`
+    back into their lists."""
+    if scalars is None:
+        raise AnimaError(f"{path}: the resume state's {prefix} entry is damaged")
     state: dict[str, Any] = {}
     for key, entry in scalars.items():
         if isinstance(entry, dict) and set(entry) == {"value"}:
             state[key] = entry["value"]
         elif isinstance(entry, dict) and set(entry) == {"arrays"} and isinstance(entry["arrays"], int) \
                 and 0 < entry["arrays"] <= 64:
-            state[key] = [tensors.pop(f"cache.{key}.{i}", None) for i in range(entry["arrays"])]
+            state[key] = [tensors.pop(f"{prefix}.{key}.{i}", None) for i in range(entry["arrays"])]
         else:
-            raise AnimaError(f"{path}: the resume state's cache entry {shown(key)} is damaged")
-    missing = any(array is None for value in state.values() if isinstance(value, list) for array in value)
-    if tensors or missing:
-        raise AnimaError(f"{path}: the resume state's cache arrays do not match its record")
+            raise AnimaError(f"{path}: the resume state's {prefix} entry {shown(key)} is damaged")
+    if any(array is None for value in state.values() if isinstance(value, list) for array in value):
+        raise AnimaError(f"{path}: the resume state's {prefix} arrays do not match its record")
     return state

@@ -17,7 +17,7 @@ from ..generation.params import GenerationParams
 from ..generation.pipeline import AnimaPipeline
 from ..generation.result import NotFinite, Published, publish
 from ..generation.resume import Checkpoints, ResumeState, read_state
-from ..sampling.euler import StepCallback
+from ..sampling.sample import StepCallback
 
 
 class JobRunner:

@@ -2,9 +2,9 @@
 
 On every computed step the forecaster first predicts that step (no model call) and compares the prediction
 with the model's x0: a measured forecast error for this image at this point of the trajectory, for free. A
-forecast x0 enters the Euler update scaled by (sigma - sigma_next) / sigma, so forecasting a step `d` steps after
-the last computed one adds about  weight * level * d**ORDER  to the final latent's relative error, `level` being
-the error per unit of d**ORDER that the last measurement showed. A step is forecast while that stays under the
+forecast x0 enters the Euler update (every sampler's first-order part) scaled by (sigma - sigma_next) / sigma, so
+forecasting a step `d` steps after the last computed one adds about  weight * level * d**ORDER  to the final
+latent's relative error, `level` being the error per unit of d**ORDER that the last measurement showed. A step is forecast while that stays under the
 tolerance. A budget of computed steps is planned as a whole instead, and re-planned before every step: the
 cheapest placement of the calls left over the steps to come (dynamic programming), each forecast charged for how
 its error grows with the distance and for how much an early error grows on its way to the image. The
@@ -13,9 +13,10 @@ of how far its latent is from the uncached one.
 
 The forecaster extrapolates, with damping, both x0 and the noise the sampler removes (eps), linearly in sigma
 from the last two computed steps, and blends them by sigma**2: x0 moves fast at high noise, eps at low noise,
-where x0 = (x - sigma eps) / (1 - sigma) also shrinks an eps error by sigma. Eps needs the latent x, which the
-policy never sees; it doesn't have to: with y = x / sigma an Euler step is y' = y + (1/sigma' - 1/sigma) x0, so y
-is known from the x0 the sampler used up to the initial noise's y, which cancels from every forecast.
+where x0 = (x - sigma eps) / (1 - sigma) also shrinks an eps error by sigma. Eps is read from the latent the model
+is asked about, eps = (x - (1 - sigma) x0) / sigma, so the forecast holds under any sampler. A policy's steps are
+the run's model calls (two a step for heun and the like, whose second call may sit at the sigma of the next
+step's first: two computed calls at one sigma give no slope, and the forecast then holds x0 and eps).
 """
 
 from __future__ import annotations
@@ -90,8 +91,6 @@ class AutoCache:
         self._errors: list[float | None] = []  # measured relative x0 error per computed step (None: not measured)
         self._level: float | None = None  # error per unit of distance**ORDER, from the last finite measurement
         self._settled = 0.0  # the estimate's share from forecast runs that have ended
-        self._y: np.ndarray | None = None  # x / sigma at the current step, less the initial noise's share
-        self._y_before: np.ndarray | None = None  # ... before the last forecast, for withdraw_forecast()
         self._anchors: list[tuple[int, np.ndarray, np.ndarray]] = []  # last two computed: (step, x0, eps less noise)
         self._shape: tuple[int, ...] = ()
         self._dtype = np.dtype(np.float32)
@@ -118,34 +117,28 @@ class AutoCache:
         return len(self._open) < self._longest_run() and self._errors[-1] <= self.guard \
             and self._cost(step, len(self._open) + 1) <= self.tol
 
-    def forecast(self) -> np.ndarray:
+    def forecast(self, x: np.ndarray) -> np.ndarray:
         step = self._step + 1
-        x0 = self._predict(step).astype(self._dtype)
-        self._y_before = self._y
-        self._advance(step, x0)
+        x0 = self._predict(step, np.asarray(x, dtype=np.float32).ravel()).astype(self._dtype)
         self._skipped.append(step)
         return x0.reshape(self._shape)
 
     def withdraw_forecast(self) -> None:
         self._skipped.pop()
-        self._y = self._y_before
 
-    def record(self, x0: np.ndarray) -> None:
+    def record(self, x: np.ndarray, x0: np.ndarray) -> None:
         step = self._step + 1
         x0 = np.asarray(x0)
         self._shape, self._dtype = x0.shape, x0.dtype
-        flat = x0.astype(np.float32).ravel()
-        if self._y is None:
-            self._y = np.zeros_like(flat)
-        error = self._measure(step, flat)
+        flat, latent = x0.astype(np.float32).ravel(), np.asarray(x, dtype=np.float32).ravel()
+        error = self._measure(step, latent, flat)
         self._errors.append(error)
         if error is not None:  # the forecast run that ends here is charged at the error measured here
             self._level = error / (len(self._open) + 1) ** ORDER
         self._settled += self._open_estimate()
         sigma = self._sigmas[step - 1]
-        eps = (self._y.astype(np.float64) - (1.0 / sigma - 1.0) * flat).astype(np.float32)
+        eps = ((latent.astype(np.float64) - (1.0 - sigma) * flat) / sigma).astype(np.float32)
         self._anchors = [*self._anchors[-1:], (step, flat, eps)]
-        self._advance(step, flat)
         self._computed.append(step)
 
     # ---- what the run reports ------------------------------------------------------------------------------
@@ -176,19 +169,19 @@ class AutoCache:
         return {"computed": list(self._computed), "skipped": list(self._skipped),
                 "measured_steps": [step for step, _ in measured], "measured_errors": [e for _, e in measured],
                 "level": self._level, "settled": self._settled, "shape": list(self._shape),
-                "y": [] if self._y is None else [self._y], "anchor_steps": [a[0] for a in self._anchors],
+                "anchor_steps": [a[0] for a in self._anchors],
                 "anchor_x0": [a[1] for a in self._anchors], "anchor_eps": [a[2] for a in self._anchors]}
 
     def restore(self, state: dict[str, Any]) -> None:
         try:
             computed, skipped = list(state["computed"]), list(state["skipped"])
             measured_steps, measured_errors = list(state["measured_steps"]), list(state["measured_errors"])
-            level, settled, shape, y = state["level"], state["settled"], tuple(state["shape"]), list(state["y"])
+            level, settled, shape = state["level"], state["settled"], tuple(state["shape"])
             steps, x0s, epss = list(state["anchor_steps"]), list(state["anchor_x0"]), list(state["anchor_eps"])
         except (KeyError, TypeError):
             raise AnimaError("the cache state is incomplete") from None
         size = int(np.prod(shape)) if shape and all(is_integer(n) and n > 0 for n in shape) else -1
-        arrays = [*y, *x0s, *epss]
+        arrays = [*x0s, *epss]
         require(all(is_integer(s) for s in computed + skipped)
                and sorted(computed + skipped) == list(range(1, len(computed) + len(skipped) + 1))
                and len(computed) + len(skipped) <= self.num_steps and computed == sorted(computed)
@@ -197,7 +190,7 @@ class AutoCache:
                and measured_steps == sorted(set(measured_steps))
                and all(is_number(e) and e >= 0 for e in measured_errors)
                and (level is None or (is_number(level) and level >= 0)) and is_number(settled) and settled >= 0
-               and len(y) == (1 if computed else 0) and steps == computed[-2:] and len(x0s) == len(epss) == len(steps)
+               and steps == computed[-2:] and len(x0s) == len(epss) == len(steps)
                and all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.shape == (size,) for a in arrays),
                "the cache state does not fit this run's schedule")
         self._computed, self._skipped = [int(s) for s in computed], [int(s) for s in skipped]
@@ -205,7 +198,6 @@ class AutoCache:
         self._errors = [float(errors[s]) if s in errors else None for s in self._computed]
         self._level = None if level is None else float(level)
         self._settled, self._shape, self._dtype = float(settled), shape, np.dtype(np.float32)
-        self._y = np.array(y[0], copy=True) if y else None
         self._anchors = [(int(s), np.array(a, copy=True), np.array(e, copy=True)) for s, a, e in zip(steps, x0s, epss)]
 
     # ---- inside -----------------------------------------------------------------------------------------------
@@ -227,31 +219,26 @@ class AutoCache:
         far off, the forecast error growing much faster than linearly at high noise)."""
         return self._computed[-1] - max([s for s in self._computed[:-1]], default=0)
 
-    def _advance(self, step: int, x0: np.ndarray) -> None:
-        """y of the next step from the x0 the sampler used on this one (nothing follows the last step)."""
-        sigma, sigma_next = self._sigmas[step - 1], self._sigmas[step]
-        if sigma_next > 0:
-            self._y = (self._y.astype(np.float64) + (1.0 / sigma_next - 1.0 / sigma) * x0.ravel()).astype(np.float32)
-
-    def _predict(self, step: int) -> np.ndarray:
-        """x0 of `step` from the last two computed steps (flat float64, from the float32 state)."""
-        (a, x0_a, eps_a), (b, x0_b, eps_b) = ((s, x.astype(np.float64), e.astype(np.float64))
-                                              for s, x, e in self._anchors[-2:][::-1])
+    def _predict(self, step: int, x: np.ndarray) -> np.ndarray:
+        """x0 of `step`, the model asked about latent x (flat), from the last two computed steps (flat float64, from
+        the float32 state)."""
+        (a, x0_a, eps_a), (b, x0_b, eps_b) = ((s, x0.astype(np.float64), e.astype(np.float64))
+                                              for s, x0, e in self._anchors[-2:][::-1])
         sigma, sigma_a, sigma_b = self._sigmas[step - 1], self._sigmas[a - 1], self._sigmas[b - 1]
-        reach = DAMPING * (sigma - sigma_a) / (sigma_a - sigma_b)
+        reach = DAMPING * (sigma - sigma_a) / (sigma_a - sigma_b) if sigma_a != sigma_b else 0.0
         from_x0 = x0_a + reach * (x0_a - x0_b)
         if sigma >= 1.0:
             return from_x0
-        from_eps = sigma * (self._y.astype(np.float64) - (eps_a + reach * (eps_a - eps_b))) / (1.0 - sigma)
+        from_eps = (x.astype(np.float64) - sigma * (eps_a + reach * (eps_a - eps_b))) / (1.0 - sigma)
         return sigma**2 * from_x0 + (1.0 - sigma**2) * from_eps
 
-    def _measure(self, step: int, x0: np.ndarray) -> float | None:
+    def _measure(self, step: int, x: np.ndarray, x0: np.ndarray) -> float | None:
         """Relative L2 error of the forecast for this computed step; None before two steps are stored or when it
         is not finite (such a step counts as unmeasured, so the next one is computed too)."""
         if len(self._anchors) < 2:
             return None
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            error = float(np.linalg.norm(self._predict(step) - x0) / np.linalg.norm(x0.astype(np.float64)))
+            error = float(np.linalg.norm(self._predict(step, x) - x0) / np.linalg.norm(x0.astype(np.float64)))
         return error if math.isfinite(error) else None
 
     def _cost(self, step: int, distance: int) -> float:

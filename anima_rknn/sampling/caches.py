@@ -1,5 +1,5 @@
-"""Step-cache policies behind one seam: the sampler asks whether to skip the model, and if so for a
-forecast of x0; otherwise it records the model's x0."""
+"""Step-cache policies behind one seam, the model call: sampling/sample.py asks whether to skip the network, and
+if so for a forecast of x0; otherwise it records the network's x0. A policy's "steps" are model calls."""
 
 from __future__ import annotations
 
@@ -31,11 +31,12 @@ _TRUE_WORDS, _FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "of
 
 
 class CachePolicy(Protocol):
-    """Before the first step the sampler hands over the run's sigmas (set_sigmas); then per step it calls
-    should_skip(), then forecast() or record(x0).
+    """Before the first call the sampler loop hands over the sigma of every model call the run makes and the
+    run's final sigma (set_sigmas); then per call it calls should_skip(), then forecast(x) or record(x, x0), x
+    being the latent the model is asked about.
 
-    A forecast the sampler finds unusable is taken back with withdraw_forecast(); the sampler then
-    record()s the model's x0 for that same step. state() / restore() carry a run across a stop and resume:
+    A non-finite forecast is taken back with withdraw_forecast(); the loop then record()s the model's x0 for
+    that same call. state() / restore() carry a run across a stop and resume:
     NumPy arrays (or lists of them) plus JSON-able values.
     """
 
@@ -46,9 +47,9 @@ class CachePolicy(Protocol):
 
     def should_skip(self) -> bool: ...
 
-    def forecast(self) -> np.ndarray: ...
+    def forecast(self, x: np.ndarray) -> np.ndarray: ...
 
-    def record(self, x0: np.ndarray) -> None: ...
+    def record(self, x: np.ndarray, x0: np.ndarray) -> None: ...
 
     def withdraw_forecast(self) -> None: ...
 
@@ -83,10 +84,10 @@ class NoCache:
     def should_skip(self) -> bool:
         return False
 
-    def forecast(self) -> np.ndarray:
+    def forecast(self, x: np.ndarray) -> np.ndarray:
         raise RuntimeError("cache 'none' never forecasts")
 
-    def record(self, x0: np.ndarray) -> None:
+    def record(self, x: np.ndarray, x0: np.ndarray) -> None:
         self._recorded += 1
 
     def withdraw_forecast(self) -> None:
@@ -127,11 +128,11 @@ class ReuseCache:
     def should_skip(self) -> bool:
         return self.schedule.should_skip()
 
-    def forecast(self) -> np.ndarray:
+    def forecast(self, x: np.ndarray) -> np.ndarray:
         self.schedule.mark_skipped()
         return self._last_x0.copy()
 
-    def record(self, x0: np.ndarray) -> None:
+    def record(self, x: np.ndarray, x0: np.ndarray) -> None:
         self._last_x0 = np.array(x0, copy=True)
         self.schedule.mark_computed()
 
@@ -162,7 +163,8 @@ class ReuseCache:
 
 def make_cache(name: str, num_steps: int,
                options: dict[str, float | str | bool] | None = None) -> CachePolicy:
-    """The cache policy `name` (one of CACHE_NAMES) for a run of `num_steps` sampler steps."""
+    """The cache policy `name` (one of CACHE_NAMES) for a run of `num_steps` model calls (sampling.samplers.
+    call_sigmas: one per step for most samplers)."""
     options = dict(options or {})
     if name not in CACHE_NAMES:
         raise AnimaError(f"unknown cache {name!r}; choose one of {', '.join(CACHE_NAMES)}")

@@ -115,8 +115,9 @@ class SpectrumSchedule:
 class Spectrum:
     """Chebyshev ridge fit over the last K computed x0, blended with a first-order Taylor step.
 
-    A step cache for any sampler loop: on each step `if s.should_skip(): x0 = s.forecast()`, otherwise run the
-    model and `s.record(x0)`.
+    A step cache for any sampler (sampling/sample.py wraps the model with it): on each model call
+    `if s.should_skip(): x0 = s.forecast(x)`, otherwise run the model and `s.record(x, x0)`. x is not read: the
+    fit is over the stored x0 alone.
     """
 
     def __init__(self, num_steps: int, w: float = 0.40, m: int = 3, lam: float = 1.0, window: int = 2,
@@ -153,19 +154,19 @@ class Spectrum:
     error_estimate = None  # a fixed schedule does not measure its forecasts (see sampling/auto_cache.py)
 
     def set_sigmas(self, sigmas: np.ndarray) -> None:
-        pass  # sd.cpp's schedule and tau axis count steps, not sigmas
+        pass  # sd.cpp's schedule and tau axis count model calls, not sigmas
 
     def should_skip(self) -> bool:
         return self.schedule.should_skip()
 
-    def record(self, x0: np.ndarray) -> None:
+    def record(self, x: np.ndarray, x0: np.ndarray) -> None:
         x0 = np.asarray(x0)
         self._shape, self._dtype = x0.shape, x0.dtype
         self._history.append(x0.astype(np.float32).ravel())
         self._history_counts.append(self.schedule.count)
         self.schedule.mark_computed()
 
-    def forecast(self) -> np.ndarray:
+    def forecast(self, x: np.ndarray) -> np.ndarray:
         coefficients = self.forecast_coefficients().astype(np.float32)
         forecast = np.zeros_like(self._history[0])
         for coefficient, entry in zip(coefficients, self._history):

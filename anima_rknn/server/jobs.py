@@ -26,7 +26,7 @@ from ..generation.params import SETTINGS, GenerationParams, settings_of
 from ..generation.pipeline import AnimaPipeline
 from ..generation.resume import Interrupted, default_state_path
 from ..jobs.runner import JobRunner, saved_state
-from ..sampling.euler import StepEvent
+from ..sampling.sample import StepEvent
 from ..vae.preview import projection_for
 
 STATES = ("queued", "generating", "completed", "failed", "cancelled")

@@ -29,7 +29,7 @@ from .tiling import decode_tiled
 from .wan import WanVAE, WanVAEConfig
 
 if TYPE_CHECKING:  # the sampler's record, read duck-typed: this layer does not import the sampler
-    from ..sampling.euler import StepEvent
+    from ..sampling.sample import StepEvent
 
 PREVIEW_FORMAT = "anima-rknn-preview/1"
 PREVIEW_SUFFIX = ".preview.json"

@@ -9,7 +9,8 @@ from PIL import Image
 
 from anima_rknn.cli.generate import preview_listener
 from anima_rknn.sampling.caches import make_cache
-from anima_rknn.sampling.euler import sample_euler
+from anima_rknn.sampling.sample import sample
+from anima_rknn.sampling.samplers import SAMPLERS
 from anima_rknn.sampling.schedule import flow_sigmas
 
 FAST = ("-W", "64", "-H", "64", "--steps", "6")
@@ -50,10 +51,10 @@ def test_a_failing_preview_warns_once_and_the_run_goes_on(tiny_set, tmp_path, ca
     listener = preview_listener(str(folder / "p.png"), tmp_path / "x.png", tiny_set.vae, 1, False, 512, False)
     shutil.rmtree(folder)  # the folder goes away mid-run
 
-    def denoise(x, sigma, step):
+    def denoise(x, sigma):
         return np.zeros_like(x)
 
-    result = sample_euler(denoise, np.ones((1, 16, 8, 8), np.float32), flow_sigmas(4), make_cache("none", 4),
+    result = sample(SAMPLERS["euler"], denoise, np.ones((1, 16, 8, 8), np.float32), flow_sigmas(4), make_cache("none", 4),
                           callback=listener)
     assert result.finite and result.model_calls == 4
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]

@@ -87,7 +87,7 @@ def test_build_takes_the_models_size_the_values_given_and_lora_tags(tmp_path):
 
 def test_picture_settings_are_what_states_and_job_ids_hold():
     assert SETTINGS == ("prompt", "negative", "width", "height", "steps", "cfg", "seed", "shift", "scheduler",
-                        "dtype", "cache", "cache_options", "backend", "vae_tiling", "vae_tile", "vae_overlap", "loras",
+                        "sampler", "eta", "s_noise", "dtype", "cache", "cache_options", "backend", "vae_tiling", "vae_tile", "vae_overlap", "loras",
                         "lora_ignore_unmatched")
     # Settings newer than states or job ids are read back at the value earlier versions meant without naming it.
     assert set(LATER_SETTINGS) <= set(SETTINGS) and set(LATER_THAN_JOB_IDS) <= set(LATER_SETTINGS)

@@ -16,6 +16,7 @@ from anima_rknn.generation.params import GenerationParams
 from anima_rknn.generation.pipeline import AnimaPipeline
 from anima_rknn.generation.resume import STATE_KEY, Checkpoints, Interrupted, read_state
 from anima_rknn.sampling.caches import CACHE_NAMES
+from anima_rknn.sampling.samplers import SAMPLERS
 
 STEPS = 12  # the Spectrum schedule at 12 steps: computed 1-4, 6, 8, 11, 12; forecast 5, 7, 9, 10
 BASE = GenerationParams(prompt="a red circle", width=64, height=64, steps=STEPS, seed=7)
@@ -53,6 +54,32 @@ def test_resumed_image_is_bit_identical(pipeline, references, tmp_path, one_thre
     assert np.array_equal(resumed.latent, reference.latent)
     assert resumed.image.tobytes() == reference.image.tobytes()
     assert resumed.denoised.sample.computed_steps == reference.denoised.sample.computed_steps
+
+
+@pytest.mark.parametrize("sampler", [name for name in SAMPLERS if name != "euler"])
+def test_every_sampler_resumes_bit_identically(pipeline, tmp_path, one_thread, sampler):
+    """The sampler's history travels in the state and its noise is drawn again from (seed, step): stopped after
+    a forecast step, a stochastic or multistep run still ends on the uninterrupted image's bits."""
+    params = dataclasses.replace(BASE, cache="spectrum", sampler=sampler)
+    reference = pipeline.generate(params)
+    stopped = stop_after(pipeline, params, tmp_path / "x.png.state", 7)
+    resumed = pipeline.generate(params, resume=read_state(stopped.path))
+    assert np.array_equal(resumed.latent, reference.latent)
+    assert resumed.denoised.sample.skipped_steps == reference.denoised.sample.skipped_steps
+
+
+def test_a_damaged_sampler_history_is_refused(pipeline, tmp_path, one_thread):
+    params = dataclasses.replace(BASE, sampler="dpmpp_2m_sde")
+    stopped = stop_after(pipeline, params, tmp_path / "x.png.state", 5)
+    for edit_record, edit_tensors in (
+            (lambda r: r["sampler"].pop("x0"), lambda t: t.pop("sampler.x0.0")),
+            (None, lambda t: t.update({"sampler.x0.0": t["sampler.x0.0"][..., :4].clone()}))):
+        path = _rewrite(stopped.path, tmp_path, edit_record, edit_tensors)
+        with pytest.raises(AnimaError, match="sampler history does not fit dpmpp_2m_sde at step 5"):
+            read_state(path)
+    other = dataclasses.replace(params, sampler="dpmpp_2m")
+    with pytest.raises(AnimaError, match="made with sampler 'dpmpp_2m_sde'"):
+        pipeline.generate(other, resume=read_state(stopped.path))
 
 
 def test_resume_on_the_onnx_backend(tiny_set, tmp_path, one_thread):

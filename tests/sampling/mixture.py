@@ -13,7 +13,8 @@ import numpy as np
 
 from anima_rknn.errors import AnimaError
 from anima_rknn.sampling.caches import make_cache
-from anima_rknn.sampling.euler import Denoiser, sample_euler
+from anima_rknn.sampling.sample import Denoiser, sample
+from anima_rknn.sampling.samplers import SAMPLERS
 from anima_rknn.sampling.schedule import flow_sigmas
 
 
@@ -74,7 +75,7 @@ def make_testbed(dim: int = 64, components: int = 8, std: float = 0.35,
 def cfg_denoiser(cond: GaussianMixture, uncond: GaussianMixture, scale: float) -> Denoiser:
     """The guided x0 a sampler sees: CFG on x0, which equals CFG on v at the same sigma."""
 
-    def denoise(x: np.ndarray, sigma: float, step: int) -> np.ndarray:
+    def denoise(x: np.ndarray, sigma: float) -> np.ndarray:
         x0_uncond = uncond.denoise(x, sigma)
         return (x0_uncond + scale * (cond.denoise(x, sigma) - x0_uncond)).astype(np.float32)
 
@@ -99,9 +100,9 @@ def relative_errors(cache_name: str, cond: GaussianMixture, uncond: GaussianMixt
     denoise = cfg_denoiser(cond, uncond, cfg_scale)
     noise = initial_noise(uncond.dim, seeds)
     sigmas = flow_sigmas(steps, shift)
-    reference = sample_euler(denoise, noise, sigmas, make_cache("none", steps)).latent
+    reference = sample(SAMPLERS["euler"], denoise, noise, sigmas, make_cache("none", steps)).latent
     measures = make_cache(cache_name, steps, options).error_estimate is not None
-    runs = [sample_euler(denoise, rows, sigmas, make_cache(cache_name, steps, options))
+    runs = [sample(SAMPLERS["euler"], denoise, rows, sigmas, make_cache(cache_name, steps, options))
             for rows in (noise[:, None] if measures else [noise])]
     if calls is not None:
         calls.extend(len(r.computed_steps) for r in runs for _ in range(len(r.latent)))

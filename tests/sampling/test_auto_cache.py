@@ -10,7 +10,8 @@ from mixture import cfg_denoiser, initial_noise, make_testbed
 
 from anima_rknn.errors import AnimaError
 from anima_rknn.sampling.caches import make_cache, parse_cache_options
-from anima_rknn.sampling.euler import sample_euler
+from anima_rknn.sampling.sample import sample
+from anima_rknn.sampling.samplers import SAMPLERS
 from anima_rknn.sampling.schedule import flow_sigmas
 
 
@@ -22,11 +23,11 @@ def denoise():
 
 def run(denoise, seed, options=None, steps=20):
     noise = initial_noise(64, [seed])
-    return sample_euler(denoise, noise, flow_sigmas(steps), make_cache("auto", steps, options))
+    return sample(SAMPLERS["euler"], denoise, noise, flow_sigmas(steps), make_cache("auto", steps, options))
 
 
 def uncached(denoise, seed, steps=20):
-    return sample_euler(denoise, initial_noise(64, [seed]), flow_sigmas(steps), make_cache("none", steps)).latent
+    return sample(SAMPLERS["euler"], denoise, initial_noise(64, [seed]), flow_sigmas(steps), make_cache("none", steps)).latent
 
 
 def relative_error(a, b):
@@ -112,7 +113,7 @@ def test_a_forecast_that_follows_the_trajectory_exactly_measures_zero_error():
     forecast (x0 and the noise, the latter rebuilt from the x0 history alone) are then exact."""
     point = np.linspace(-1, 1, 8, dtype=np.float32)
     cache = make_cache("auto", 20)
-    result = sample_euler(lambda x, sigma, step: point.copy(), initial_noise(8, [0])[0], flow_sigmas(20), cache)
+    result = sample(SAMPLERS["euler"], lambda x, sigma: point.copy(), initial_noise(8, [0])[0], flow_sigmas(20), cache)
     measured = [e for e in cache.measured_errors if e is not None]
     assert max(measured) < 1e-6 and result.error_estimate < 1e-6
     assert len(result.skipped_steps) > 5
@@ -126,9 +127,9 @@ def test_the_guard_computes_after_a_forecast_gone_wrong():
     for step in range(1, 21):
         x0 = np.full(4, 1.0 if step <= 9 else -3.0, np.float32)
         if cache.should_skip():
-            cache.forecast()
+            cache.forecast(x0)
         else:
-            cache.record(x0)
+            cache.record(x0, x0)
     turned = min(s for s in cache.computed_steps if s > 9)
     assert cache.measured_errors[cache.computed_steps.index(turned)] > 0.2
     assert turned + 1 in cache.computed_steps
@@ -138,11 +139,12 @@ def test_the_guard_computes_after_a_forecast_gone_wrong():
 def test_a_non_finite_measurement_makes_the_next_step_computed(bad):
     cache = make_cache("auto", 20, {"tol": 1.0})
     cache.set_sigmas(flow_sigmas(20))
+    one = np.full(4, 1.0, np.float32)
     for step in range(1, 5):
-        cache.record(np.full(4, 1.0, np.float32))
+        cache.record(one, one)
     assert cache.should_skip()  # the forecast of a constant x0 is exact
-    cache.forecast()
-    cache.record(np.full(4, bad, np.float32))  # as if the model had returned it on step 6
+    cache.forecast(one)
+    cache.record(one, np.full(4, bad, np.float32))  # as if the model had returned it on step 6
     assert cache.measured_errors[-1] is None
     assert not cache.should_skip()
 
@@ -155,7 +157,7 @@ def test_state_is_strict_json_and_arrays_and_restores_exactly(denoise, options):
     cache.set_sigmas(flow_sigmas(20))
     values = [np.full(64, np.cos(step / 4), np.float32) for step in range(1, 21)]
     for step, value in enumerate(values[:12], start=1):
-        cache.forecast() if cache.should_skip() else cache.record(value)
+        cache.forecast(value) if cache.should_skip() else cache.record(value, value)
     state = cache.state()
     arrays = {k: v for k, v in state.items() if isinstance(v, list) and v and isinstance(v[0], np.ndarray)}
     scalars = {k: v for k, v in state.items() if k not in arrays}
@@ -168,9 +170,9 @@ def test_state_is_strict_json_and_arrays_and_restores_exactly(denoise, options):
     for value in values[12:]:
         for c in (cache, restored):
             if c.should_skip():
-                c.forecast()
+                c.forecast(value)
             else:
-                c.record(value)
+                c.record(value, value)
     assert restored.computed_steps == cache.computed_steps and restored.error_estimate == cache.error_estimate
     assert len(cache.computed_steps) == options.get("budget", len(cache.computed_steps))
 
@@ -179,9 +181,9 @@ def test_a_state_that_does_not_fit_is_refused():
     cache = make_cache("auto", 20)
     cache.set_sigmas(flow_sigmas(20))
     for _ in range(3):
-        cache.record(np.ones(4, np.float32))
+        cache.record(np.ones(4, np.float32), np.ones(4, np.float32))
     state = cache.state()
-    for change in ({"measured_steps": [9]}, {"measured_errors": [-0.5]}, {"computed": [1, 3, 2]}, {"y": []},
+    for change in ({"measured_steps": [9]}, {"measured_errors": [-0.5]}, {"computed": [1, 3, 2]},
                    {"level": -1.0},
                    {"anchor_x0": [np.ones(3)] * 2}, {"settled": float("nan")}):
         with pytest.raises(AnimaError, match="does not fit"):

@@ -8,15 +8,15 @@ from anima_rknn.sampling.schedule import flow_sigmas
 
 
 def run_schedule(cache, values):
-    """Drive a cache through len(values) steps, as the sampler does; return the x0 it handed back on each skipped
-    step."""
+    """Drive a cache through len(values) model calls, as the sampler loop does, the latent asked about being the
+    value itself; return the x0 it handed back on each skipped call."""
     cache.set_sigmas(flow_sigmas(len(values)))
     forecasts = {}
     for step, value in enumerate(values, start=1):
         if cache.should_skip():
-            forecasts[step] = cache.forecast()
+            forecasts[step] = cache.forecast(value)
         else:
-            cache.record(value)
+            cache.record(value, value)
     return forecasts
 
 
@@ -58,12 +58,13 @@ def test_spectrum_plus_options_override_its_defaults():
 @pytest.mark.parametrize("name", ["spectrum", "spectrum-plus", "reuse"])
 def test_withdrawn_forecast_becomes_a_computed_step(name):
     cache = make_cache(name, 20)
+    zero = np.zeros(1, np.float32)
     for _ in range(4):
-        cache.record(np.zeros(1, np.float32))
+        cache.record(zero, zero)
     assert cache.should_skip()
-    cache.forecast()
+    cache.forecast(zero)
     cache.withdraw_forecast()
-    cache.record(np.zeros(1, np.float32))
+    cache.record(zero, zero)
     assert cache.computed_steps == [1, 2, 3, 4, 5] and cache.skipped_steps == []
 
 

@@ -4,7 +4,8 @@ from mixture import GaussianMixture, cfg_denoiser, initial_noise, make_testbed, 
 
 from anima_rknn.errors import AnimaError
 from anima_rknn.sampling.caches import make_cache
-from anima_rknn.sampling.euler import sample_euler
+from anima_rknn.sampling.sample import sample
+from anima_rknn.sampling.samplers import SAMPLERS
 from anima_rknn.sampling.schedule import flow_sigmas
 
 
@@ -57,7 +58,7 @@ def test_exact_denoiser_with_euler_reproduces_the_mixture():
     mixture = GaussianMixture(np.array([[-3.0], [3.0]]), 0.3, np.array([0.25, 0.75]))
     noise = np.random.default_rng(4).standard_normal((4000, 1)).astype(np.float32)
     denoise = cfg_denoiser(mixture, mixture, 1.0)
-    samples = sample_euler(denoise, noise, flow_sigmas(200), make_cache("none", 200)).latent
+    samples = sample(SAMPLERS["euler"], denoise, noise, flow_sigmas(200), make_cache("none", 200)).latent
     assert abs((samples > 0).mean() - 0.75) < 0.03
     assert abs(samples[samples > 0].std() - 0.3) < 0.03
     assert abs(samples[samples > 0].mean() - 3.0) < 0.03
@@ -67,10 +68,10 @@ def test_cfg_on_x0_equals_cfg_on_velocity():
     cond, uncond = make_testbed(dim=8, components=8, std=0.35, seed=5)
     x = initial_noise(8, range(3))
     sigma, scale = 0.6, 4.0
-    x0 = cfg_denoiser(cond, uncond, scale)(x, sigma, 1)
+    x0 = cfg_denoiser(cond, uncond, scale)(x, sigma)
     v_cond, v_uncond = (x - cond.denoise(x, sigma)) / sigma, (x - uncond.denoise(x, sigma)) / sigma
     np.testing.assert_allclose((x - x0) / sigma, v_uncond + scale * (v_cond - v_uncond), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(cfg_denoiser(cond, uncond, 1.0)(x, sigma, 1), cond.denoise(x, sigma), rtol=1e-6)
+    np.testing.assert_allclose(cfg_denoiser(cond, uncond, 1.0)(x, sigma), cond.denoise(x, sigma), rtol=1e-6)
 
 
 def test_testbed_conditional_is_a_reweighted_subset():

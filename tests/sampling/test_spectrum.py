@@ -10,9 +10,10 @@ def drive(spectrum: Spectrum, signal, shape=(3,), dtype=np.float32) -> dict[int,
     forecasts = {}
     for step in range(1, spectrum.num_steps + 1):
         if spectrum.should_skip():
-            forecasts[step] = spectrum.forecast()
+            forecasts[step] = spectrum.forecast(np.zeros(shape, dtype))  # the latent: Spectrum never reads it
         else:
-            spectrum.record(np.broadcast_to(np.asarray(signal(step), dtype=dtype), shape))
+            value = np.broadcast_to(np.asarray(signal(step), dtype=dtype), shape)
+            spectrum.record(value, value)
     return forecasts
 
 
@@ -40,7 +41,7 @@ def test_step_five_weights_match_spec_test_vector():
     spectrum = Spectrum(20)
     for step in range(1, 5):
         assert not spectrum.should_skip()
-        spectrum.record(np.zeros(2, np.float32))
+        spectrum.record(np.zeros(2, np.float32), np.zeros(2, np.float32))
     assert spectrum.should_skip()
     np.testing.assert_allclose(spectrum.chebyshev_weights(), [0.0064, 0.1337, 0.2472, 0.3474], atol=1e-4)
     np.testing.assert_allclose(spectrum.forecast_coefficients(), [0.0026, 0.0535, -0.2011, 1.039], atol=1e-4)
@@ -50,7 +51,7 @@ def test_step_five_weights_match_spec_test_vector():
 def test_chebyshev_weights_match_numpy_chebvander_ridge(m, lam, tau_axis):
     spectrum = Spectrum(30, m=m, lam=lam, tau_axis=tau_axis, warmup=6)
     for _ in range(6):
-        spectrum.record(np.zeros(1, np.float32))
+        spectrum.record(np.zeros(1, np.float32), np.zeros(1, np.float32))
     counts = np.arange(6)
     scale = 50 if tau_axis == "fixed50" else 29
     design = np.polynomial.chebyshev.chebvander(counts / scale * 2 - 1, m)
@@ -63,8 +64,8 @@ def test_chebyshev_weights_match_numpy_chebvander_ridge(m, lam, tau_axis):
 def test_cholesky_failure_adds_sd_cpp_jitter():
     # lam=0 with two history entries and four Chebyshev terms: X^T X is singular.
     spectrum = Spectrum(20, lam=0.0, warmup=2)
-    spectrum.record(np.zeros(1, np.float32))
-    spectrum.record(np.zeros(1, np.float32))
+    spectrum.record(np.zeros(1, np.float32), np.zeros(1, np.float32))
+    spectrum.record(np.zeros(1, np.float32), np.zeros(1, np.float32))
     assert spectrum.should_skip()
     design = np.polynomial.chebyshev.chebvander(np.array([-1.0, -0.96]), 3)
     target = np.polynomial.chebyshev.chebvander(np.array([-0.92]), 3)[0]
@@ -139,10 +140,10 @@ def test_reset_gives_a_fresh_schedule_and_identical_forecasts():
 def test_withdraw_forecast_turns_the_step_into_a_computed_one():
     spectrum = Spectrum(20)
     for _ in range(4):
-        spectrum.record(np.zeros(1, np.float32))
-    spectrum.forecast()
+        spectrum.record(np.zeros(1, np.float32), np.zeros(1, np.float32))
+    spectrum.forecast(np.zeros(1, np.float32))
     spectrum.withdraw_forecast()
-    spectrum.record(np.zeros(1, np.float32))
+    spectrum.record(np.zeros(1, np.float32), np.zeros(1, np.float32))
     assert spectrum.computed_steps == [1, 2, 3, 4, 5] and spectrum.skipped_steps == []
     with pytest.raises(RuntimeError):
         spectrum.withdraw_forecast()

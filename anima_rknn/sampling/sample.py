@@ -1,0 +1,151 @@
+"""One loop for every sampler: the step cache wraps the denoiser, the noise is keyed by (seed, step), and every
+finished step is reported through one callback.
+
+The cache decides per model call whether the network runs or its forecast of x0 stands in (as
+stable-diffusion.cpp's caches do), so no sampler knows which cache runs: a cache's steps are model calls, one
+per sampler step for most samplers, two for heun, dpmpp_sde and sa_solver_pece (their warm-up, window and stop
+count calls). The progress bar, the bench's per-step data, live previews and resume checkpoints all listen to
+the StepEvents, and nothing else reaches into the loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import AnimaError
+from .caches import CachePolicy
+from .samplers import History, Sampler, StepContext, call_sigmas
+
+# denoise(x, sigma) -> guided x0: one run of the network (two passes under CFG).
+Denoiser = Callable[[np.ndarray, float], np.ndarray]
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One finished sampler step. The arrays are the sampler's own: read them, copy them, never change them."""
+
+    step: int  # 1-based
+    total: int
+    sigma: float  # this step went from sigma ...
+    sigma_next: float  # ... to sigma_next
+    x: np.ndarray  # the latent after the step (float32)
+    x0: np.ndarray  # the denoised estimate the step reported: the model's, or the cache's forecast
+    computed: bool  # the model ran for every call of this step (False: a forecast stood in for one at least)
+    recomputed: bool  # a non-finite forecast was refused and the model ran instead
+    seconds: float  # wall time of this step
+    elapsed_s: float  # wall time of this call's steps so far (a resumed run counts from where it resumed)
+    eta_s: float  # seconds left at this run's mean step time so far
+    cache_state: dict[str, Any]  # the cache after this step, for a resume (CachePolicy.state())
+    model_calls: int = 1  # times the network ran in this step (heun: 2, a forecast step: 0)
+    sampler_state: dict[str, Any] | None = None  # the sampler's history and refused forecasts, for a resume
+
+
+StepCallback = Callable[[StepEvent], None]
+
+
+@dataclass
+class SampleResult:
+    latent: np.ndarray  # float32
+    computed_steps: list[int]  # the cache's model calls that ran the network, 1-based (= steps for one call a step)
+    skipped_steps: list[int]  # ... and those a forecast stood in for
+    recomputed_steps: list[int]  # ... forecasts refused as non-finite, the network run instead
+    model_calls: int  # in this call (a resumed run counts from where it resumed)
+    finite: bool
+    error_estimate: float | None = None  # the cache's own estimate of its distance from the uncached run
+
+
+def step_noise(seed: int, shape: tuple[int, ...]) -> Callable[[int, int], np.ndarray]:
+    """noise(step index, draw) of a run of `seed`: drawn from a generator keyed by (seed, step, draw) alone, so a
+    forecast step, a resume or another sampler's number of draws cannot shift what any step draws."""
+
+    def draw(index: int, number: int) -> np.ndarray:
+        return np.random.default_rng([seed, index, number]).standard_normal(shape, dtype=np.float32)
+
+    return draw
+
+
+class _CachedModel:
+    """The model as a sampler sees it: per call, the cache's forecast of x0 or the network's."""
+
+    def __init__(self, denoise: Denoiser, cache: CachePolicy, recomputed: list[int]) -> None:
+        self.denoise, self.cache, self.recomputed = denoise, cache, recomputed
+        self.runs = self.forecasts = self.refusals = 0
+
+    def __call__(self, x: np.ndarray, sigma: float) -> np.ndarray:
+        call = len(self.cache.computed_steps) + len(self.cache.skipped_steps) + 1
+        if self.cache.should_skip():
+            # A forecast that overflowed is refused just below and answered with a model call: no warning.
+            with np.errstate(over="ignore", invalid="ignore"):
+                x0 = self.cache.forecast(x)
+            if np.isfinite(x0).all():
+                self.forecasts += 1
+                return x0
+            self.cache.withdraw_forecast()
+            self.recomputed.append(call)
+            self.refusals += 1
+        x0 = self.denoise(x, sigma)
+        self.runs += 1
+        self.cache.record(x, x0)
+        return x0
+
+
+def _check_inputs(sigmas: np.ndarray, cache: CachePolicy, calls: int, start: int) -> None:
+    if sigmas.ndim != 1 or len(sigmas) < 2:
+        raise AnimaError("sigmas must be a 1-D list of at least two values")
+    if not (np.isfinite(sigmas).all() and (sigmas[:-1] > 0).all()):
+        raise AnimaError("every sigma but the last must be a positive finite number")
+    if not 0 <= start < len(sigmas) - 1:
+        raise AnimaError(f"a run of {len(sigmas) - 1} steps cannot start after step {start}")
+    if cache.num_steps != calls:
+        raise AnimaError(f"cache is set up for {cache.num_steps} model calls but the sampler makes {calls}")
+
+
+def sample(sampler: Sampler, denoise: Denoiser, x: np.ndarray, sigmas: np.ndarray, cache: CachePolicy,
+           callback: StepCallback | None = None, *, seed: int | None = None, eta: float = 1.0, s_noise: float = 1.0,
+           start: int = 0,
+           state: dict[str, Any] | None = None) -> SampleResult:
+    """Run `sampler` from sigmas[start] down to sigmas[-1].
+
+    `x` is the initial noise (scaled by sigmas[0]), or, resuming, the latent after `start` steps with the cache
+    restored to its state after that step and `state` the sampler_state of that step's event. The noise is
+    drawn by step_noise(seed); a sampler that draws none needs no seed. The cache is made for
+    len(call_sigmas(sampler, sigmas)) calls.
+    """
+    sigmas = np.asarray(sigmas, dtype=np.float64)
+    planned = call_sigmas(sampler, sigmas) if sigmas.ndim == 1 and len(sigmas) >= 2 else []
+    _check_inputs(sigmas, cache, len(planned), start)
+    done_before = len(call_sigmas(sampler, sigmas[: start + 1]))
+    if len(cache.computed_steps) + len(cache.skipped_steps) != done_before:
+        raise RuntimeError("this cache has already run; make a new cache for every run (or restore its state)")
+    cache.set_sigmas(np.array([*planned, sigmas[-1]]))
+    state = state or {}
+    history: History = {key: [np.array(a, copy=True) for a in arrays]
+                        for key, arrays in state.get("history", {}).items()}
+    recomputed = [int(call) for call in state.get("recomputed", [])]
+    x = np.asarray(x, dtype=np.float32)
+    draw_noise = _no_noise if seed is None else step_noise(seed, x.shape)
+    model = _CachedModel(denoise, cache, recomputed)
+    total, began = len(sigmas) - 1, time.perf_counter()
+    for index in range(start, total):
+        step, started = index + 1, time.perf_counter()
+        runs, forecasts, refusals = model.runs, model.forecasts, model.refusals
+        ctx = StepContext(sigmas, index, draw_noise, float(eta), float(s_noise))
+        x, x0, history = sampler.step(model, x, ctx, history)
+        if callback is not None:
+            now = time.perf_counter()
+            callback(StepEvent(step, total, float(sigmas[index]), float(sigmas[index + 1]), x, x0,
+                               model.forecasts == forecasts, model.refusals > refusals, now - started, now - began,
+                               (now - began) / (step - start) * (total - step), cache.state(), model.runs - runs,
+                               {"history": history, "recomputed": list(recomputed)}))
+    return SampleResult(latent=x, computed_steps=cache.computed_steps, skipped_steps=cache.skipped_steps,
+                        recomputed_steps=list(recomputed), model_calls=model.runs, finite=bool(np.isfinite(x).all()),
+                        error_estimate=cache.error_estimate)
+
+
+def _no_noise(index: int, draw: int) -> np.ndarray:
+    raise RuntimeError("this sampler draws noise: give the run a seed")

@@ -1,0 +1,423 @@
+"""The samplers, one small function per step each, over a denoiser that returns x0 for a rectified-flow model.
+
+A flow model's latent at noise level sigma is  x = (1 - sigma) x0 + sigma eps  (alpha = 1 - sigma), not the
+x0 + sigma eps of k-diffusion's VE form. Where a method only integrates  dx/dsigma = (x - x0) / sigma  (euler,
+heun) the two forms are the same ODE and the code is k-diffusion's. Where a method adds noise or works in
+log-SNR (the ancestral, SDE, exponential-integrator and Adams methods), it is written here in the flow form,
+with  lambda = log(alpha / sigma)  and  e^-h = (sigma_t alpha_s) / (sigma_s alpha_t)  for a step s -> t: a
+renoised latent must again be (1 - sigma) x0 + sigma eps, or every stochastic step would shrink the image.
+
+Each step function takes the model (`model(x, sigma) -> x0`, which a step cache may answer instead of the
+network), the latent, a StepContext (the run's sigmas, the step index, the step's noise, eta, s_noise) and the
+sampler's history (the x0 of earlier steps, which multistep methods read), and returns the next latent, the x0
+the step reported, and the new history. The history is all a sampler carries from step to step, so a run
+stopped after any step resumes bit for bit from (latent, history). No step function knows which cache runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..checks import shown
+from ..errors import AnimaError
+
+Model = Callable[[np.ndarray, float], np.ndarray]  # model(x, sigma) -> x0 (float32, shaped like x)
+History = dict[str, list[np.ndarray]]  # float32 arrays only: a resume state stores them as tensors
+
+
+@dataclass(frozen=True)
+class StepContext:
+    sigmas: np.ndarray  # the run's sigmas, float64, steps + 1 of them
+    index: int  # this step goes from sigmas[index] to sigmas[index + 1]
+    noise: Callable[[int, int], np.ndarray]  # noise(step index, draw) -> standard normal float32, shaped like x
+    eta: float
+    s_noise: float
+
+    @property
+    def sigma(self) -> float:
+        return float(self.sigmas[self.index])
+
+    @property
+    def sigma_next(self) -> float:
+        return float(self.sigmas[self.index + 1])
+
+    def draw(self, draw: int = 0) -> np.ndarray:
+        return self.noise(self.index, draw)
+
+
+StepFunction = Callable[[Model, np.ndarray, StepContext, History], tuple[np.ndarray, np.ndarray, History]]
+
+
+# ---- the flow form's log-SNR --------------------------------------------------------------------------------
+
+# Where a method needs lambda at sigma = 1 itself (a stage placed in lambda, an interpolation node), sigma = 1
+# counts as 1 - 1e-4, as ComfyUI's offset_first_sigma_for_snr does; every other method takes the exact limit.
+FIRST_SIGMA_FOR_SNR = 1.0 - 1e-4
+
+
+def half_log_snr(sigma: float) -> float:
+    """lambda = log((1 - sigma) / sigma): -inf at pure noise, +inf at the clean image."""
+    if sigma >= 1.0:
+        return -math.inf
+    if sigma <= 0.0:
+        return math.inf
+    return math.log((1.0 - sigma) / sigma)
+
+
+def sigma_of_half_log_snr(lam: float) -> float:
+    return 1.0 / (1.0 + math.exp(lam))
+
+
+def _exp_minus_h(sigma: float, sigma_next: float) -> float:
+    """e^-h of the step sigma -> sigma_next, 0 from pure noise (h infinite)."""
+    return sigma_next * (1.0 - sigma) / (sigma * (1.0 - sigma_next))
+
+
+def _step_ratio(sigmas: np.ndarray, index: int) -> float:
+    """h / h_last of step `index` (0 when the last step began at pure noise, where h_last is infinite)."""
+    h = half_log_snr(float(sigmas[index + 1])) - half_log_snr(float(sigmas[index]))
+    h_last = half_log_snr(float(sigmas[index])) - half_log_snr(float(sigmas[index - 1]))
+    return h / h_last
+
+
+def _f32(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float32, copy=False)
+
+
+def _first_order(x: np.ndarray, x0: np.ndarray, sigma: float, sigma_next: float, eta: float) -> np.ndarray:
+    """The flow SDE-DPM-Solver++ step of order 1, without its noise: x's share decays by e^-(eta h) on top of
+    the ODE's; at eta = 0 this is DDIM, which for a flow model is the Euler step."""
+    decay = _exp_minus_h(sigma, sigma_next) ** eta  # 0 ** 0 is 1: from pure noise an ODE step keeps x's share
+    return (sigma_next / sigma * decay) * x + (1.0 - sigma_next) * (1.0 - _exp_minus_h(sigma, sigma_next) * decay) * x0
+
+
+def _renoise_scale(sigma: float, sigma_next: float, eta: float) -> float:
+    """The noise an eta step adds back, so the latent's noise is sigma_next again: sigma_next sqrt(1 - e^-2 eta h)."""
+    return sigma_next * math.sqrt(max(0.0, 1.0 - _exp_minus_h(sigma, sigma_next) ** (2.0 * eta)))
+
+
+# ---- the samplers ---------------------------------------------------------------------------------------------
+
+def euler(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+    """Euler on the probability-flow ODE (k-diffusion's sample_euler, churn 0)."""
+    sigma, sigma_next = ctx.sigma, ctx.sigma_next
+    x0 = model(x, sigma)
+    velocity = (x - x0) / sigma
+    return _f32(x + (sigma_next - sigma) * velocity), x0, {}
+
+
+def euler_ancestral(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+    """Euler down to sigma_down, then fresh noise up to sigma_next. Flow form: the deterministic part lands on
+    (1 - sigma_down) x0 + sigma_down eps; scaling by (1 - sigma_next) / (1 - sigma_down) restores x0's share,
+    and noise of variance sigma_next^2 - (that scale * sigma_down)^2 restores the noise's. eta 1 takes
+    sigma_down = sigma_next^2 / sigma, as ComfyUI's euler_ancestral for flow models (sample_euler_ancestral_RF)."""
+    sigma, sigma_next, eta = ctx.sigma, ctx.sigma_next, ctx.eta
+    x0 = model(x, sigma)
+    if sigma_next == 0.0:
+        return x0, x0, {}
+    sigma_down = sigma_next * (1.0 + (sigma_next / sigma - 1.0) * eta)
+    x_down = (sigma_down / sigma) * x + (1.0 - sigma_down / sigma) * x0
+    if eta == 0.0:
+        return _f32(x_down), x0, {}
+    scale = (1.0 - sigma_next) / (1.0 - sigma_down)
+    renoise = math.sqrt(max(0.0, sigma_next**2 - (scale * sigma_down) ** 2))
+    return _f32(scale * x_down + (ctx.s_noise * renoise) * ctx.draw()), x0, {}
+
+
+def heun(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+    """Heun's second-order method (k-diffusion's sample_heun, churn 0): two model calls per step, one on the
+    last (to sigma 0 it is Euler)."""
+    sigma, sigma_next = ctx.sigma, ctx.sigma_next
+    x0 = model(x, sigma)
+    slope = (x - x0) / sigma
+    predicted = _f32(x + (sigma_next - sigma) * slope)
+    if sigma_next == 0.0:
+        return predicted, x0, {}
+    slope_next = (predicted - model(predicted, sigma_next)) / sigma_next
+    return _f32(x + (sigma_next - sigma) * ((slope + slope_next) / 2)), x0, {}
+
+
+def dpmpp_2m(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+    """DPM-Solver++(2M) (Lu et al. 2022), data prediction in the flow form's lambda: the first-order step on a
+    linear extrapolation of x0 from this step and the last (diffusers' DPMSolverMultistepScheduler, order 2)."""
+    sigma, sigma_next = ctx.sigma, ctx.sigma_next
+    x0 = model(x, sigma)
+    if sigma_next == 0.0:
+        return x0, x0, {"x0": [x0]}
+    guess = x0
+    if history.get("x0"):
+        guess = x0 + (0.5 * _step_ratio(ctx.sigmas, ctx.index)) * (x0 - history["x0"][-1])
+    return _f32(_first_order(x, guess, sigma, sigma_next, 0.0)), x0, {"x0": [x0]}
+
+
+def dpmpp_2m_sde(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+    """SDE-DPM-Solver++(2M), midpoint form (k-diffusion's sample_dpmpp_2m_sde; diffusers' sde-dpmsolver++ at eta
+    1) in the flow form: the first-order SDE step, the second-order term on x0's change, fresh noise."""
+    sigma, sigma_next, eta = ctx.sigma, ctx.sigma_next, ctx.eta
+    x0 = model(x, sigma)
+    if sigma_next == 0.0:
+        return x0, x0, {"x0": [x0]}
+    x_next = _first_order(x, x0, sigma, sigma_next, eta)
+    if history.get("x0"):
+        weight = (1.0 - sigma_next) * (1.0 - _exp_minus_h(sigma, sigma_next) ** (1.0 + eta))
+        x_next = x_next + (0.5 * weight * _step_ratio(ctx.sigmas, ctx.index)) * (x0 - history["x0"][-1])
+    if eta > 0.0:
+        x_next = x_next + (ctx.s_noise * _renoise_scale(sigma, sigma_next, eta)) * ctx.draw()
+    return _f32(x_next), x0, {"x0": [x0]}
+
+
+def dpmpp_sde(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+    """SDE-DPM-Solver++ single-step, two stages (k-diffusion's sample_dpmpp_sde, r = 1/2) in the flow form: a
+    first-order SDE step to the lambda midpoint, the model there, and the full step on that x0. Two model
+    calls per step, one on the last. The two noises are independent draws (k-diffusion ties them through a
+    Brownian tree); each restores the exact noise level of its stage, so the marginals are the same."""
+    sigma, sigma_next, eta = ctx.sigma, ctx.sigma_next, ctx.eta
+    x0 = model(x, sigma)
+    if sigma_next == 0.0:
+        return x0, x0, {}
+    start = min(sigma, FIRST_SIGMA_FOR_SNR)
+    lam = half_log_snr(start)
+    sigma_mid = sigma_of_half_log_snr(lam + 0.5 * (half_log_snr(sigma_next) - lam))
+    x_mid = _first_order(x, x0, start, sigma_mid, eta)
+    if eta > 0.0:
+        x_mid = x_mid + (ctx.s_noise * _renoise_scale(start, sigma_mid, eta)) * ctx.draw(0)
+    x0_mid = model(_f32(x_mid), sigma_mid)
+    x_next = _first_order(x, x0_mid, start, sigma_next, eta)
+    if eta > 0.0:
+        x_next = x_next + (ctx.s_noise * _renoise_scale(start, sigma_next, eta)) * ctx.draw(1)
+    return _f32(x_next), x0, {}
+
+
+# ER-SDE-Solver-3 (Cui et al. 2023, arXiv:2309.06169; ComfyUI's sample_er_sde, the default of Anima's model card).
+ER_SDE_STAGES = 3
+ER_SDE_POINTS = 200  # the paper's code integrates its stage weights with this many left Riemann points
+
+
+def _er_sde_scale(lam: float) -> float:
+    """The paper's noise scale function  phi(lambda) = lambda (e^(lambda^0.3) + 10), without its lambda factor."""
+    return math.exp(lam**0.3) + 10.0
+
+
+def er_sde(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+    """ER-SDE-Solver-3, VP form, where lambda_er = sigma / alpha (flow: sigma / (1 - sigma)). One model call,
+    up to third order from the x0 of the last two steps; s_noise scales the noise it adds back."""
+    sigma, sigma_next = ctx.sigma, ctx.sigma_next
+    x0 = model(x, sigma)
+    earlier = [x0, *history.get("x0", [])][:ER_SDE_STAGES]
+    if sigma_next == 0.0:
+        return x0, x0, {"x0": earlier[:ER_SDE_STAGES - 1]}
+    lams = [s / (1.0 - s) if s < 1.0 else math.inf for s in ctx.sigmas[ctx.index - len(earlier) + 1: ctx.index + 2]]
+    lam_s, lam_t = lams[-2], lams[-1]
+    alpha_t = 1.0 - sigma_next
+    # r = phi(lam_t) / phi(lam_s); its lambda factor is kept apart so that sigma = 1 (lam_s infinite) is the limit.
+    g = _er_sde_scale(lam_t) / _er_sde_scale(lam_s)
+    x_next = (sigma_next / sigma * g) * x + alpha_t * (1.0 - (lam_t / lam_s) * g) * x0
+    if len(earlier) >= 2 and math.isfinite(lams[-3]):
+        dt = lam_t - lam_s
+        points = lam_t - dt / ER_SDE_POINTS * np.arange(ER_SDE_POINTS)
+        scaled = points * np.exp(points**0.3) + 10.0 * points
+        width = -dt / ER_SDE_POINTS
+        phi_t = lam_t * _er_sde_scale(lam_t)
+        slope = (x0 - earlier[1]) / (lam_s - lams[-3])
+        x_next = x_next + alpha_t * (dt + float(np.sum(1.0 / scaled)) * width * phi_t) * slope
+        if len(earlier) >= 3 and math.isfinite(lams[-4]):
+            slope_before = (earlier[1] - earlier[2]) / (lams[-3] - lams[-4])
+            curve = (slope - slope_before) / ((lam_s - lams[-4]) / 2.0)
+            weight = dt**2 / 2.0 + float(np.sum((points - lam_s) / scaled)) * width * phi_t
+            x_next = x_next + alpha_t * weight * curve
+    if ctx.s_noise > 0.0:
+        spread = math.sqrt(max(0.0, lam_t**2 - (lam_t * g) ** 2))  # lam_s r = lam_t g
+        x_next = x_next + (alpha_t * ctx.s_noise * spread) * ctx.draw()
+    return _f32(x_next), x0, {"x0": earlier[:ER_SDE_STAGES - 1]}
+
+
+# SA-Solver (Xue et al. 2023, arXiv:2309.05019), ComfyUI's defaults for its sa_solver / sa_solver_pece samplers:
+# predictor order 3, corrector order 4, stochastic (tau = eta) for sigma in [0.2, 0.8], deterministic outside.
+SA_PREDICTOR_ORDER, SA_CORRECTOR_ORDER = 3, 4
+SA_NOISE_BAND = (0.2, 0.8)
+_GAUSS_NODES, _GAUSS_WEIGHTS = np.polynomial.legendre.leggauss(32)
+
+
+def _sa_tau(sigma: float, eta: float) -> float:
+    return eta if SA_NOISE_BAND[0] <= sigma <= SA_NOISE_BAND[1] else 0.0
+
+
+def _sa_coefficients(lam_from: float, lam_to: float, nodes: list[float], tau: float, alpha_to: float) -> list[float]:
+    """The stochastic Adams weights of a step lam_from -> lam_to: alpha_to (1 + tau^2) times the integral of
+    e^-(1 + tau^2)(lam_to - lam) against each Lagrange basis polynomial over `nodes` (32-point Gauss-Legendre,
+    exact to rounding for these smooth integrands)."""
+    half = (lam_to - lam_from) / 2.0
+    lams = lam_from + half * (_GAUSS_NODES + 1.0)
+    decay = (1.0 + tau**2) * np.exp(-(1.0 + tau**2) * (lam_to - lams)) * _GAUSS_WEIGHTS * half
+    weights = []
+    for j, node in enumerate(nodes):
+        basis = np.ones_like(lams)
+        for k, other in enumerate(nodes):
+            if k != j:
+                basis *= (lams - other) / (node - other)
+        weights.append(alpha_to * float(np.sum(decay * basis)))
+    return weights
+
+
+def _sa_step(x: np.ndarray, x0s: list[np.ndarray], sigmas: np.ndarray, index: int, order: int, eta: float,
+             noise: np.ndarray, s_noise: float, corrector: bool) -> np.ndarray:
+    """x at sigmas[index + 1] from x at sigmas[index] and the x0 of the last `order` model steps (the newest
+    last; a corrector's newest is at sigmas[index + 1] itself)."""
+    sigma, sigma_next = float(sigmas[index]), float(sigmas[index + 1])
+    lam_of = [half_log_snr(min(float(s), FIRST_SIGMA_FOR_SNR)) for s in sigmas]
+    newest = index + 1 if corrector else index
+    nodes = lam_of[newest - order + 1: newest + 1]
+    tau = _sa_tau(sigma_next, eta)
+    h = lam_of[index + 1] - lam_of[index]
+    weights = _sa_coefficients(lam_of[index], lam_of[index + 1], nodes, tau, 1.0 - sigma_next)
+    x_next = (min(sigma_next, FIRST_SIGMA_FOR_SNR) / min(sigma, FIRST_SIGMA_FOR_SNR) * math.exp(-(tau**2) * h)) * x
+    for weight, x0 in zip(weights, x0s[-order:]):
+        x_next = x_next + weight * x0
+    if tau > 0.0 and s_noise > 0.0:
+        x_next = x_next + (s_noise * sigma_next * math.sqrt(-math.expm1(-2.0 * tau**2 * h))) * noise
+    return _f32(x_next)
+
+
+def _sa_solver(model: Model, x: np.ndarray, ctx: StepContext, history: History, pece: bool):
+    """One SA-Solver step: the model at x (the last step's prediction); the corrector redoes the last step with
+    that x0 and the same noise; with `pece` the model runs again at the corrected x; then the predictor."""
+    sigmas, index, eta = ctx.sigmas, ctx.index, ctx.eta
+    last = sigmas[index + 1] == 0.0
+    x0 = model(x, ctx.sigma)
+    x0s = [*history.get("x0", []), x0][-SA_CORRECTOR_ORDER:]
+    if index > 0 and (pece or not last):
+        x = _sa_step(history["x"][0], x0s, sigmas, index - 1, min(SA_CORRECTOR_ORDER, len(x0s)), eta,
+                     ctx.noise(index - 1, 0), ctx.s_noise, corrector=True)
+        if pece:
+            x0 = x0s[-1] = model(x, ctx.sigma)
+    if last:
+        return x0, x0, {"x0": x0s, "x": [x]}
+    predicted = _sa_step(x, x0s, sigmas, index, min(SA_PREDICTOR_ORDER, len(x0s)), eta, ctx.draw(0), ctx.s_noise,
+                         corrector=False)
+    return predicted, x0, {"x0": x0s, "x": [x]}
+
+
+def sa_solver(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+    """SA-Solver, predictor-corrector with one model call per step (the corrector reuses the next call)."""
+    return _sa_solver(model, x, ctx, history, pece=False)
+
+
+def sa_solver_pece(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+    """SA-Solver, PECE: the model runs again on every corrected latent (two calls per step after the first)."""
+    return _sa_solver(model, x, ctx, history, pece=True)
+
+
+def res_multistep(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+    """RES 2M (Zhang & Chen's exponential integrator, ComfyUI's res_multistep, made for Cosmos models like Anima):
+    as DPM-Solver++(2M), but the linear interpolation of x0 in lambda is integrated exactly (phi functions)."""
+    sigma, sigma_next = ctx.sigma, ctx.sigma_next
+    x0 = model(x, sigma)
+    if sigma_next == 0.0:
+        return x0, x0, {"x0": [x0]}
+    if not history.get("x0") or ctx.sigmas[ctx.index - 1] >= 1.0:
+        return _f32(_first_order(x, x0, sigma, sigma_next, 0.0)), x0, {"x0": [x0]}
+    lam = half_log_snr(sigma)
+    h = half_log_snr(sigma_next) - lam
+    c2 = (half_log_snr(float(ctx.sigmas[ctx.index - 1])) - lam) / h
+    phi1 = -math.expm1(-h) / h
+    phi2 = (1.0 - phi1) / h
+    b1, b2 = phi1 - phi2 / c2, phi2 / c2
+    x_next = (sigma_next / sigma) * x + ((1.0 - sigma_next) * h) * (b1 * x0 + b2 * history["x0"][-1])
+    return _f32(x_next), x0, {"x0": [x0]}
+
+
+def lcm(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+    """Latent Consistency sampling (for distilled models): x0, then fresh noise at sigma_next."""
+    sigma_next = ctx.sigma_next
+    x0 = model(x, ctx.sigma)
+    if sigma_next == 0.0:
+        return x0, x0, {}
+    return _f32((1.0 - sigma_next) * x0 + sigma_next * ctx.draw()), x0, {}
+
+
+# ---- the registry -----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sampler:
+    name: str  # ComfyUI's name
+    label: str  # A1111's display name (for the ones A1111 lacks: Forge's, or ComfyUI's title-cased)
+    step: StepFunction
+    calls: Callable[[np.ndarray, int], list[float]]  # the sigma of each model call of step `index`
+    takes_eta: bool = False  # eta: how much of each step is stochastic (default 1)
+    takes_s_noise: bool = False  # s_noise: a scale on the noise added back (default 1)
+    aliases: tuple[str, ...] = ()  # other A1111 / k-diffusion spellings
+
+
+def _one_call(sigmas: np.ndarray, index: int) -> list[float]:
+    return [float(sigmas[index])]
+
+
+def _heun_calls(sigmas: np.ndarray, index: int) -> list[float]:
+    return [float(s) for s in (sigmas[index], sigmas[index + 1])] if sigmas[index + 1] > 0 else _one_call(sigmas, index)
+
+
+def _dpmpp_sde_calls(sigmas: np.ndarray, index: int) -> list[float]:
+    if sigmas[index + 1] == 0:
+        return _one_call(sigmas, index)
+    lam = half_log_snr(min(float(sigmas[index]), FIRST_SIGMA_FOR_SNR))
+    return [float(sigmas[index]), sigma_of_half_log_snr(lam + 0.5 * (half_log_snr(float(sigmas[index + 1])) - lam))]
+
+
+def _pece_calls(sigmas: np.ndarray, index: int) -> list[float]:
+    return _one_call(sigmas, index) * (1 if index == 0 else 2)
+
+
+SAMPLERS: dict[str, Sampler] = {s.name: s for s in (
+    Sampler("euler", "Euler", euler, _one_call, aliases=("k_euler", "Euler (flow)", "euler_flow")),
+    Sampler("euler_ancestral", "Euler a", euler_ancestral, _one_call, takes_eta=True, takes_s_noise=True,
+            aliases=("k_euler_a", "euler_a", "Euler Ancestral")),
+    Sampler("heun", "Heun", heun, _heun_calls, aliases=("k_heun",)),
+    Sampler("dpmpp_2m", "DPM++ 2M", dpmpp_2m, _one_call, aliases=("k_dpmpp_2m")),
+    Sampler("dpmpp_2m_sde", "DPM++ 2M SDE", dpmpp_2m_sde, _one_call, takes_eta=True, takes_s_noise=True,
+            aliases=("k_dpmpp_2m_sde",)),
+    Sampler("dpmpp_sde", "DPM++ SDE", dpmpp_sde, _dpmpp_sde_calls, takes_eta=True, takes_s_noise=True,
+            aliases=("k_dpmpp_sde",)),
+    Sampler("er_sde", "ER SDE", er_sde, _one_call, takes_s_noise=True, aliases=("ER-SDE",)),
+    Sampler("sa_solver", "SA-Solver", sa_solver, _one_call, takes_eta=True, takes_s_noise=True, aliases=("SA Solver",)),
+    Sampler("sa_solver_pece", "SA-Solver PECE", sa_solver_pece, _pece_calls, takes_eta=True, takes_s_noise=True,
+            aliases=("SA Solver PECE",)),
+    Sampler("res_multistep", "Res Multistep", res_multistep, _one_call, aliases=("RES Multistep",)),
+    Sampler("lcm", "LCM", lcm, _one_call, aliases=("k_lcm",)),
+)}
+SAMPLER_NAMES = tuple(SAMPLERS)
+_BY_CASEFOLDED = {text.casefold(): s.name for s in SAMPLERS.values() for text in (s.name, s.label, *s.aliases)}
+
+
+def sampler_name(text: object) -> str:
+    """Ours for `text`: our name, A1111's display name or an alias, any case. Unknown names are refused, with
+    the list, never replaced."""
+    name = _BY_CASEFOLDED.get(text.casefold()) if isinstance(text, str) else None
+    if name is None:
+        known = ", ".join(f"{s.name} ({s.label})" for s in SAMPLERS.values())
+        raise AnimaError(f"unknown sampler {shown(text)}; choose one of {known}")
+    return name
+
+
+def get_sampler(name: str) -> Sampler:
+    return SAMPLERS[sampler_name(name)]
+
+
+def call_sigmas(sampler: Sampler, sigmas: np.ndarray, start: int = 0) -> list[float]:
+    """The sigma of every model call a run of `sampler` over `sigmas` makes from step `start` on: what a step
+    cache plans over, and what the engine prepares."""
+    return [sigma for index in range(start, len(sigmas) - 1) for sigma in sampler.calls(sigmas, index)]
+
+
+def history_layout(sampler: Sampler, sigmas: np.ndarray, steps: int) -> dict[str, int]:
+    """How many arrays under each key `sampler`'s history holds after `steps` steps of `sigmas`: what a resume
+    state's must hold. Found by running the steps on a one-number latent with a zero model and zero noise."""
+    sigmas = np.asarray(sigmas, dtype=np.float64)
+    x, history = np.zeros(1, np.float32), {}
+    for index in range(steps):
+        ctx = StepContext(sigmas, index, lambda step, draw: np.zeros(1, np.float32), 0.0, 0.0)
+        x, _, history = sampler.step(lambda latent, sigma: np.zeros_like(latent), x, ctx, history)
+    return {key: len(arrays) for key, arrays in history.items()}
