@@ -284,20 +284,23 @@ def _sa_step(x: np.ndarray, x0s: list[np.ndarray], sigmas: np.ndarray, index: in
 
 def _sa_solver(model: Model, x: np.ndarray, ctx: StepContext, history: History, pece: bool):
     """One SA-Solver step: the model at x (the last step's prediction); the corrector redoes the last step with
-    that x0 and the same noise; with `pece` the model runs again at the corrected x; then the predictor."""
+    that x0 and the same noise; with `pece` the model runs again at the corrected x; then the predictor. Towards
+    a final sigma of 0 the orders drop to 1 (as ComfyUI's lower_order_to_end): the last lambda steps are long,
+    and a polynomial extrapolated over them is unstable."""
     sigmas, index, eta = ctx.sigmas, ctx.index, ctx.eta
     last = sigmas[index + 1] == 0.0
+    left = len(sigmas) - 1 - index if sigmas[-1] == 0.0 else len(sigmas)  # steps from this one to the end
     x0 = model(x, ctx.sigma)
     x0s = [*history.get("x0", []), x0][-SA_CORRECTOR_ORDER:]
     if index > 0 and (pece or not last):
-        x = _sa_step(history["x"][0], x0s, sigmas, index - 1, min(SA_CORRECTOR_ORDER, len(x0s)), eta,
+        x = _sa_step(history["x"][0], x0s, sigmas, index - 1, min(SA_CORRECTOR_ORDER, len(x0s), left), eta,
                      ctx.noise(index - 1, 0), ctx.s_noise, corrector=True)
         if pece:
             x0 = x0s[-1] = model(x, ctx.sigma)
     if last:
         return x0, x0, {"x0": x0s, "x": [x]}
-    predicted = _sa_step(x, x0s, sigmas, index, min(SA_PREDICTOR_ORDER, len(x0s)), eta, ctx.draw(0), ctx.s_noise,
-                         corrector=False)
+    predicted = _sa_step(x, x0s, sigmas, index, min(SA_PREDICTOR_ORDER, len(x0s), left - 1), eta, ctx.draw(0),
+                         ctx.s_noise, corrector=False)
     return predicted, x0, {"x0": x0s, "x": [x]}
 
 
