@@ -49,7 +49,8 @@ class StepContext:
         return self.noise(self.index, draw)
 
 
-StepFunction = Callable[[Model, np.ndarray, StepContext, History], tuple[np.ndarray, np.ndarray, History]]
+StepResult = tuple[np.ndarray, np.ndarray, History]  # (the next latent, the x0 the step reports, the new history)
+StepFunction = Callable[[Model, np.ndarray, StepContext, History], StepResult]
 
 
 # ---- the flow form's log-SNR --------------------------------------------------------------------------------
@@ -102,7 +103,7 @@ def _renoise_scale(sigma: float, sigma_next: float, eta: float) -> float:
 
 # ---- the samplers ---------------------------------------------------------------------------------------------
 
-def euler(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+def euler(model: Model, x: np.ndarray, ctx: StepContext, history: History) -> StepResult:
     """Euler on the probability-flow ODE (k-diffusion's sample_euler, churn 0)."""
     sigma, sigma_next = ctx.sigma, ctx.sigma_next
     x0 = model(x, sigma)
@@ -110,7 +111,7 @@ def euler(model: Model, x: np.ndarray, ctx: StepContext, history: History):
     return _f32(x + (sigma_next - sigma) * velocity), x0, {}
 
 
-def euler_ancestral(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+def euler_ancestral(model: Model, x: np.ndarray, ctx: StepContext, history: History) -> StepResult:
     """Euler down to sigma_down, then fresh noise up to sigma_next. Flow form: the deterministic part lands on
     (1 - sigma_down) x0 + sigma_down eps; scaling by (1 - sigma_next) / (1 - sigma_down) restores x0's share,
     and noise of variance sigma_next^2 - (that scale * sigma_down)^2 restores the noise's. eta 1 takes
@@ -128,7 +129,7 @@ def euler_ancestral(model: Model, x: np.ndarray, ctx: StepContext, history: Hist
     return _f32(scale * x_down + (ctx.s_noise * renoise) * ctx.draw()), x0, {}
 
 
-def heun(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+def heun(model: Model, x: np.ndarray, ctx: StepContext, history: History) -> StepResult:
     """Heun's second-order method (k-diffusion's sample_heun, churn 0): two model calls per step, one on the
     last (to sigma 0 it is Euler)."""
     sigma, sigma_next = ctx.sigma, ctx.sigma_next
@@ -141,7 +142,7 @@ def heun(model: Model, x: np.ndarray, ctx: StepContext, history: History):
     return _f32(x + (sigma_next - sigma) * ((slope + slope_next) / 2)), x0, {}
 
 
-def dpmpp_2m(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+def dpmpp_2m(model: Model, x: np.ndarray, ctx: StepContext, history: History) -> StepResult:
     """DPM-Solver++(2M) (Lu et al. 2022), data prediction in the flow form's lambda: the first-order step on a
     linear extrapolation of x0 from this step and the last (diffusers' DPMSolverMultistepScheduler, order 2)."""
     sigma, sigma_next = ctx.sigma, ctx.sigma_next
@@ -154,7 +155,7 @@ def dpmpp_2m(model: Model, x: np.ndarray, ctx: StepContext, history: History):
     return _f32(_first_order(x, guess, sigma, sigma_next, 0.0)), x0, {"x0": [x0]}
 
 
-def dpmpp_2m_sde(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+def dpmpp_2m_sde(model: Model, x: np.ndarray, ctx: StepContext, history: History) -> StepResult:
     """SDE-DPM-Solver++(2M), midpoint form (k-diffusion's sample_dpmpp_2m_sde; diffusers' sde-dpmsolver++ at eta
     1) in the flow form: the first-order SDE step, the second-order term on x0's change, fresh noise."""
     sigma, sigma_next, eta = ctx.sigma, ctx.sigma_next, ctx.eta
@@ -170,7 +171,7 @@ def dpmpp_2m_sde(model: Model, x: np.ndarray, ctx: StepContext, history: History
     return _f32(x_next), x0, {"x0": [x0]}
 
 
-def dpmpp_sde(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+def dpmpp_sde(model: Model, x: np.ndarray, ctx: StepContext, history: History) -> StepResult:
     """SDE-DPM-Solver++ single-step, two stages (k-diffusion's sample_dpmpp_sde, r = 1/2) in the flow form: a
     first-order SDE step to the lambda midpoint, the model there, and the full step on that x0. Two model
     calls per step, one on the last. The two noises are independent draws (k-diffusion ties them through a
@@ -202,7 +203,7 @@ def _er_sde_scale(lam: float) -> float:
     return math.exp(lam**0.3) + 10.0
 
 
-def er_sde(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+def er_sde(model: Model, x: np.ndarray, ctx: StepContext, history: History) -> StepResult:
     """ER-SDE-Solver-3, VP form, where lambda_er = sigma / alpha (flow: sigma / (1 - sigma)). One model call,
     up to third order from the x0 of the last two steps; s_noise scales the noise it adds back."""
     sigma, sigma_next = ctx.sigma, ctx.sigma_next
@@ -282,7 +283,7 @@ def _sa_step(x: np.ndarray, x0s: list[np.ndarray], sigmas: np.ndarray, index: in
     return _f32(x_next)
 
 
-def _sa_solver(model: Model, x: np.ndarray, ctx: StepContext, history: History, pece: bool):
+def _sa_solver(model: Model, x: np.ndarray, ctx: StepContext, history: History, pece: bool) -> StepResult:
     """One SA-Solver step: the model at x (the last step's prediction); the corrector redoes the last step with
     that x0 and the same noise; with `pece` the model runs again at the corrected x; then the predictor. Towards
     a final sigma of 0 the orders drop to 1 (as ComfyUI's lower_order_to_end): the last lambda steps are long,
@@ -304,17 +305,17 @@ def _sa_solver(model: Model, x: np.ndarray, ctx: StepContext, history: History, 
     return predicted, x0, {"x0": x0s, "x": [x]}
 
 
-def sa_solver(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+def sa_solver(model: Model, x: np.ndarray, ctx: StepContext, history: History) -> StepResult:
     """SA-Solver, predictor-corrector with one model call per step (the corrector reuses the next call)."""
     return _sa_solver(model, x, ctx, history, pece=False)
 
 
-def sa_solver_pece(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+def sa_solver_pece(model: Model, x: np.ndarray, ctx: StepContext, history: History) -> StepResult:
     """SA-Solver, PECE: the model runs again on every corrected latent (two calls per step after the first)."""
     return _sa_solver(model, x, ctx, history, pece=True)
 
 
-def res_multistep(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+def res_multistep(model: Model, x: np.ndarray, ctx: StepContext, history: History) -> StepResult:
     """RES 2M (Zhang & Chen's exponential integrator, ComfyUI's res_multistep, made for Cosmos models like Anima):
     as DPM-Solver++(2M), but the linear interpolation of x0 in lambda is integrated exactly (phi functions)."""
     sigma, sigma_next = ctx.sigma, ctx.sigma_next
@@ -333,7 +334,7 @@ def res_multistep(model: Model, x: np.ndarray, ctx: StepContext, history: Histor
     return _f32(x_next), x0, {"x0": [x0]}
 
 
-def lcm(model: Model, x: np.ndarray, ctx: StepContext, history: History):
+def lcm(model: Model, x: np.ndarray, ctx: StepContext, history: History) -> StepResult:
     """Latent Consistency sampling (for distilled models): x0, then fresh noise at sigma_next."""
     sigma_next = ctx.sigma_next
     x0 = model(x, ctx.sigma)
