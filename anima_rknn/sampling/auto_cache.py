@@ -4,8 +4,8 @@ On every computed step the forecaster first predicts that step (no model call) a
 with the model's x0: a measured forecast error for this image at this point of the trajectory, for free. A
 forecast x0 enters the Euler update (every sampler's first-order part) scaled by (sigma - sigma_next) / sigma, so
 forecasting a step `d` steps after the last computed one adds about  weight * level * d**ORDER  to the final
-latent's relative error, `level` being the error per unit of d**ORDER that the last measurement showed. A step is forecast while that stays under the
-tolerance. A budget of computed steps is planned as a whole instead, and re-planned before every step: the
+latent's relative error, `level` being the error per unit of d**ORDER that the last measurement showed. A step is
+forecast while that stays under the tolerance. A budget of computed steps is planned as a whole instead, and re-planned before every step: the
 cheapest placement of the calls left over the steps to come (dynamic programming), each forecast charged for how
 its error grows with the distance and for how much an early error grows on its way to the image. The
 sum of those terms, each forecast run charged at the error measured where it ended, is the run's own estimate

@@ -8,15 +8,12 @@ runs in float32, the references in float64 or in their own float32):
     is the same in the flow and in k-diffusion's VE form): 7 schedules x steps 1..50 x shift 1 and 3; worst seen
     7.7e-6 (heun, 2 steps to sigma_min 0.001, where float32 rounding of x - x0 is divided by that sigma), typically
     1e-7..2e-6.
-  - sample_dpmpp_2m, sample_dpmpp_2m_sde (eta 0, 0.5, 1), sample_dpmpp_sde (eta 0 and 1) through the exact change
+  - sample_dpmpp_2m, sample_dpmpp_2m_sde (eta 0, 0.5, 1), sample_dpmpp_sde (eta 0, 0.5, 1, 1.5) through the exact change
     of variables flow -> VE: x_ve = x / (1 - sigma), sigma_ve = sigma / (1 - sigma), under which the data-prediction
     exponential integrators are the same algebra (lambda = -log sigma_ve). sigma = 1 is sigma_ve = inf there, so
     k-diffusion starts from our latent after our first step (both take that step's h_last as infinite: the second
-    step is first order on both sides). Noise: k-diffusion's noise_sampler hands it ours, draw for draw. Worst seen
-    3.4e-6.
-  - NOT matched: sample_dpmpp_sde at eta other than 0 and 1. k-diffusion (and ComfyUI's flow version) split each
-    stage into an ancestral step (sigma_down, sigma_up with sigma_up = eta * sqrt(...)); ours uses the SDE-DPM-
-    Solver++ form, x's share decaying by e^-(eta h). The two agree only at eta 0 and 1 (test below, failing).
+    step is first order on both sides). Noise: k-diffusion's noise_sampler hands it ours, draw for draw (dpmpp_sde's
+    two stages: two increments of one Brownian path, see OurNoise). Worst seen 3.4e-6.
 - diffusers 0.42.1 schedulers, their sigmas replaced by ours:
   - DPMSolverMultistepScheduler (solver_order 2, flow_prediction, use_flow_sigmas, final_sigmas_type "zero",
     lower_order_final), algorithm_type "dpmsolver++" = our dpmpp_2m and "sde-dpmsolver++" = our dpmpp_2m_sde at
@@ -39,6 +36,8 @@ No flow UniPC / DEIS counterpart: we have no such sampler.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -123,13 +122,25 @@ def ve_model(x_ve: torch.Tensor, sigma_ve: torch.Tensor) -> torch.Tensor:
 
 
 class OurNoise:
-    """k-diffusion's noise_sampler(sigma, sigma_next), answering with our draws in the order our step draws them."""
+    """k-diffusion's noise_sampler(sigma, sigma_next), answering with our draws in the order our step draws them.
+
+    A step that asks twice (dpmpp_sde: sigma -> sigma_mid, then sigma -> sigma_next) gets two increments of one
+    Brownian motion in the flow sigma, as k-diffusion's Brownian tree gives them and as our step combines its two
+    draws: the second is rho * draw 0 + sqrt(1 - rho^2) * draw 1, rho = sqrt((sigma - sigma_mid) / (sigma -
+    sigma_next)), the sigmas here being k-diffusion's VE ones turned back into flow sigmas."""
 
     def __init__(self, first_step: int, draws_per_step: int) -> None:
         self.step, self.draw, self.draws = first_step, 0, draws_per_step
+        self.first_reach = 0.0
 
     def __call__(self, sigma, sigma_next) -> torch.Tensor:
+        sigma, sigma_next = (float(s) / (1.0 + float(s)) for s in (sigma, sigma_next))
         noise = NOISE(self.step, self.draw).astype(np.float64)
+        if self.draw == 0:
+            self.first_reach = sigma - sigma_next
+        else:
+            rho = math.sqrt(self.first_reach / (sigma - sigma_next))
+            noise = rho * NOISE(self.step, 0).astype(np.float64) + math.sqrt(1.0 - rho**2) * noise
         self.draw += 1
         if self.draw == self.draws:
             self.step, self.draw = self.step + 1, 0
@@ -173,11 +184,9 @@ def test_dpmpp_match_k_diffusion_in_ve_variables(name, eta, schedule, steps, shi
 
 @pytest.mark.parametrize("eta", [0.5, 1.5])
 def test_dpmpp_sde_matches_k_diffusion_at_any_eta(eta):
-    """Fails (a bug report): at eta other than 0 and 1 our dpmpp_sde is not k-diffusion's (nor ComfyUI's flow
-    sample_dpmpp_sde, which takes the same ancestral steps in lambda): they are O(1) apart (0.6..0.9 of the
-    latent's scale at 5 and 20 steps). Ours keeps e^-(eta h) of x and adds sigma_t sqrt(1 - e^-2 eta h) of noise
-    per stage; theirs steps down to sigma_down (in sigma_ve = e^-lambda) with sigma_up = min(sigma_t, eta sigma_t
-    sqrt(1 - e^-2h)). At eta 1 the two are the same step, at eta 0 both are DDIM."""
+    """dpmpp_sde's stages are k-diffusion's ancestral steps (sigma_down, sigma_up = min(sigma_t, eta sigma_t
+    sqrt(1 - e^-2h)) in sigma_ve = e^-lambda) at every eta, not only where they coincide with the SDE-DPM-Solver++
+    form (eta 0 and 1; the two were 0.6..0.9 of the latent's scale apart at eta 0.5 and 1.5)."""
     for steps in (5, 20):
         assert _dpmpp_against_k_diffusion("dpmpp_sde", flow_sigmas(steps, 3.0), eta) < TOLERANCE
 
