@@ -7,13 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from matplotlib.figure import Figure  # no pyplot: no global state, no display backend needed
+# No pyplot: no global state, no display backend needed.
+from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from PIL import Image
 
 from ..core.files import atomic_path
 from .metrics import difference_map
-from .report import comparison_file
+from .report import comparison_file, sampler_prefix, samplers_of
 from .run import BenchResult
 
 
@@ -46,7 +47,8 @@ def side_by_side(baseline: Image.Image, cached: Image.Image, path: Path, cached_
 
 @dataclass
 class StepSeries:
-    """One run's per-step wall times, and (for a cached run) its x0 distance to the baseline and its skips."""
+    """One run's per-step wall times, and (for a cached run) its x0 distance to the baseline and its skips (the
+    steps where a forecast stood in for a model call)."""
 
     step_times: Sequence[float]
     x0_distance: Sequence[float] | None = None
@@ -83,16 +85,18 @@ def step_plot(baseline_times: Sequence[float], cached: Mapping[str, StepSeries],
 
 
 def write_figures(result: BenchResult, report: dict[str, Any], out_dir: Path) -> None:
-    """Per seed the step plot and, per policy with both images, the side-by-side comparison."""
+    """Per seed (and sampler) the step plot and, per policy with both images, the side-by-side comparison."""
+    several = len(samplers_of(result)) > 1
     for seed_result, entry in zip(result.seeds, report["seeds"]):
         series = {}
+        prefix = sampler_prefix(seed_result.sampler, several)
         for name, policy in seed_result.cached.items():
             side = entry["cached"][name]
-            series[name] = StepSeries(side["step_times_s"], side["vs_baseline"]["x0_distance"], side["skipped_steps"])
+            series[name] = StepSeries(side["step_times_s"], side["vs_baseline"]["x0_distance"], side["forecast_steps"])
             image, base_image = policy.first.image, seed_result.baseline.first.image
             if image is not None and base_image is not None:
                 comparison = side["vs_baseline"]
-                side_by_side(base_image, image, out_dir / comparison_file(name, seed_result.seed),
+                side_by_side(base_image, image, out_dir / comparison_file(name, seed_result.seed, prefix),
                              f"cache {name}", comparison["psnr_db"], comparison["ssim"])
         step_plot(entry["baseline"]["step_times_s"], series, out_dir / entry["steps_plot"],
-                  f"seed {seed_result.seed}")
+                  f"seed {seed_result.seed}" + (f", {seed_result.sampler}" if several else ""))

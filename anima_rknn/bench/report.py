@@ -1,5 +1,9 @@
 """The bench's findings as report.json (every number) and report.md (the on-device report's table layout:
-baseline | cached | difference and speedup), with the verdict on whether caching is safe for the setting."""
+baseline | cached | difference and speedup), with the verdict on whether caching is safe for the setting.
+
+A bench of several samplers has a seed entry per seed and sampler (each against that sampler's own baseline), its
+policies named "SAMPLER/CACHE" in the aggregate and the verdict, its files prefixed with the sampler, and a row per
+sampler in "samplers"; a bench of one sampler reads as it always did."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.files import json_text, write_text
+from ..sampling.samplers import SAMPLERS
 from . import DEFAULT_MIN_PSNR, metrics
 from .run import BASELINE, BenchResult, PolicyRuns, SeedResult
 
@@ -23,23 +28,38 @@ class Thresholds:
     min_ssim: float | None = None  # None: not checked
 
 
-def image_file(side: str, seed: int) -> str:
-    return f"{side}_seed{seed}.png"
+# `prefix`: "" in a bench of one sampler, "SAMPLER_" in one of several (sampler_prefix).
+def image_file(side: str, seed: int, prefix: str = "") -> str:
+    return f"{prefix}{side}_seed{seed}.png"
 
 
-def comparison_file(cache: str, seed: int) -> str:
-    return f"compare_{cache}_seed{seed}.png"
+def comparison_file(cache: str, seed: int, prefix: str = "") -> str:
+    return f"compare_{prefix}{cache}_seed{seed}.png"
 
 
-def steps_plot_file(seed: int) -> str:
-    return f"steps_seed{seed}.png"
+def steps_plot_file(seed: int, prefix: str = "") -> str:
+    return f"steps_{prefix}seed{seed}.png"
+
+
+def samplers_of(result: BenchResult) -> list[str]:
+    """The samplers a bench ran, in the order asked for."""
+    return list(dict.fromkeys(seed_result.sampler for seed_result in result.seeds))
+
+
+def sampler_prefix(sampler: str, several: bool) -> str:
+    return f"{sampler}_" if several else ""
+
+
+def policy_name(sampler: str, cache: str, several: bool) -> str:
+    """How the aggregate and the verdict name a cached policy: its cache, with its sampler in a bench of several."""
+    return f"{sampler}/{cache}" if several else cache
 
 
 def _stats(values: Sequence[float]) -> dict[str, Any]:
     return {"min": min(values), "median": statistics.median(values), "all": list(values)}
 
 
-def _side(policy: PolicyRuns, label: str) -> dict[str, Any]:
+def _side(policy: PolicyRuns, label: str, prefix: str) -> dict[str, Any]:
     first = policy.first
     sample = first.denoised.sample
     peaks = [run.peak_rss_bytes for run in policy.runs if run.peak_rss_bytes is not None]
@@ -47,15 +67,19 @@ def _side(policy: PolicyRuns, label: str) -> dict[str, Any]:
     return {
         "cache": policy.params.cache,
         "cache_options": policy.params.cache_options,
-        "image": image_file(label, policy.params.seed) if first.image is not None else None,
+        "image": image_file(label, policy.params.seed, prefix) if first.image is not None else None,
         "timings_s": {
             "denoise": _stats([run.denoised.denoise_s for run in policy.runs]),
             "decode": _stats([run.decode_s for run in policy.runs]),
             "total_excl_encode": _stats([run.total_s for run in policy.runs]),
         },
         "step_times_s": [statistics.median(times) for times in per_step],  # median over repeats
+        # computed / skipped / recomputed number model calls (= steps for samplers that call the model once a
+        # step); forecast_steps are the steps where a forecast stood in for one call at least.
+        "model_calls": policy.params.model_calls(),
         "computed_steps": sample.computed_steps,
         "skipped_steps": sample.skipped_steps,
+        "forecast_steps": first.forecast_steps,
         "recomputed_steps": sample.recomputed_steps,
         "error_estimate": sample.error_estimate,  # the cache's own, made without the baseline (None: no estimate)
         "transformer_passes": first.denoised.transformer_passes,
@@ -77,7 +101,7 @@ def _comparison(baseline: PolicyRuns, cached: PolicyRuns, side: dict[str, Any],
     ideal = _ratio(len(base["computed_steps"]), len(side["computed_steps"]))
     result: dict[str, Any] = {
         "speedup": speedup,
-        "ideal_speedup": ideal,  # steps / computed steps
+        "ideal_speedup": ideal,  # model calls / computed model calls
         "measured_over_ideal": speedup["denoise"]["median"] / ideal,
         "psnr_db": None, "ssim": None, "latent_error": None, "x0_distance": None,
     }
@@ -105,19 +129,35 @@ def _failures(base: dict[str, Any], side: dict[str, Any], comparison: dict[str, 
     return failures
 
 
-def _seed_entry(seed_result: SeedResult, thresholds: Thresholds) -> dict[str, Any]:
-    base = _side(seed_result.baseline, BASELINE)
+def _seed_entry(seed_result: SeedResult, thresholds: Thresholds, several: bool) -> dict[str, Any]:
+    prefix = sampler_prefix(seed_result.sampler, several)
+    base = _side(seed_result.baseline, BASELINE, prefix)
     cached = {}
     for name, policy in seed_result.cached.items():
-        side = _side(policy, name)
+        side = _side(policy, name, prefix)
         side["vs_baseline"] = _comparison(seed_result.baseline, policy, side, base)
         side["failures"] = _failures(base, side, side["vs_baseline"], thresholds)
         cached[name] = side
     seed = seed_result.seed
-    return {"seed": seed, "worker": seed_result.worker, "baseline": base, "cached": cached,
-            "steps_plot": steps_plot_file(seed),
-            "comparisons": {name: comparison_file(name, seed)
+    return {"seed": seed, "sampler": seed_result.sampler, "worker": seed_result.worker, "baseline": base,
+            "cached": cached, "steps_plot": steps_plot_file(seed, prefix),
+            "comparisons": {name: comparison_file(name, seed, prefix)
                             for name, side in cached.items() if side["vs_baseline"]["psnr_db"] is not None}}
+
+
+def _policies(seeds: list[dict[str, Any]], samplers: list[str], caches: list[str]) -> dict[str, tuple[str, list]]:
+    """Each cached policy's name (policy_name) -> (its cache, the seed entries of its sampler)."""
+    several = len(samplers) > 1
+    return {policy_name(sampler, cache, several): (cache, [entry for entry in seeds if entry["sampler"] == sampler])
+            for sampler in samplers for cache in caches}
+
+
+def _sampler_row(sampler: str, entries: list[dict[str, Any]], policies: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One sampler of the bench: its model calls, its baseline's time and work, and how each cache fared on it."""
+    bases = [entry["baseline"] for entry in entries]
+    return {"label": SAMPLERS[sampler].label, "model_calls": bases[0]["model_calls"],
+            "baseline_denoise_s_median": statistics.median(b["timings_s"]["denoise"]["median"] for b in bases),
+            "baseline_transformer_passes": bases[0]["transformer_passes"], "policies": policies}
 
 
 def _aggregate(seeds: list[dict[str, Any]], cache: str) -> dict[str, Any]:
@@ -144,17 +184,17 @@ def _aggregate(seeds: list[dict[str, Any]], cache: str) -> dict[str, Any]:
     }
 
 
-def _verdict(seeds: list[dict[str, Any]], caches: list[str], thresholds: Thresholds) -> dict[str, Any]:
+def _verdict(policies_seeds: dict[str, tuple[str, list]], thresholds: Thresholds) -> dict[str, Any]:
     policies, parts = {}, []
-    for cache in caches:
+    for name, (cache, seeds) in policies_seeds.items():
         failures = [f"seed {entry['seed']}: {failure}"
                     for entry in seeds for failure in entry["cached"][cache]["failures"]]
-        policies[cache] = {"passed": not failures, "failures": failures}
+        policies[name] = {"passed": not failures, "failures": failures}
         if failures:
-            parts.append(f"{cache} is not safe here ({'; '.join(failures)})")
+            parts.append(f"{name} is not safe here ({'; '.join(failures)})")
         else:
             worst = min(entry["cached"][cache]["vs_baseline"]["psnr_db"] for entry in seeds)
-            parts.append(f"{cache} is safe here (worst PSNR {_db(worst)} >= {thresholds.min_psnr:g} dB"
+            parts.append(f"{name} is safe here (worst PSNR {_db(worst)} >= {thresholds.min_psnr:g} dB"
                          f"{'' if thresholds.min_ssim is None else f', SSIM >= {thresholds.min_ssim:g}'}, "
                          f"all finite, {len(seeds)} seed{'s' if len(seeds) > 1 else ''})")
     passed = all(p["passed"] for p in policies.values())
@@ -166,22 +206,30 @@ def build_report(result: BenchResult, model_name: str, thresholds: Thresholds | 
     thresholds = thresholds or Thresholds()
     params = result.seeds[0].baseline.params
     caches = list(result.seeds[0].cached)
-    seeds = [_seed_entry(seed_result, thresholds) for seed_result in result.seeds]
+    samplers = samplers_of(result)
+    several = len(samplers) > 1
+    seeds = [_seed_entry(seed_result, thresholds, several) for seed_result in result.seeds]
+    policies = _policies(seeds, samplers, caches)
+    aggregate = {name: _aggregate(entries, cache) for name, (cache, entries) in policies.items()}
     return {
         "settings": {
             "model": model_name, "prompt": params.prompt, "negative": params.negative,
             "width": params.width, "height": params.height, "steps": params.steps, "cfg": params.cfg,
-            "shift": params.shift, "dtype": params.dtype, "backend": params.backend,
+            "shift": params.shift, "scheduler": params.scheduler, "sampler": params.sampler, "samplers": samplers,
+            "eta": params.eta, "s_noise": params.s_noise, "dtype": params.dtype, "backend": params.backend,
             "vae_tile": result.decode.tile, "vae_backend": result.decode.backend,
-            "seeds": [entry["seed"] for entry in seeds], "repeats": result.repeats,
+            "seeds": list(dict.fromkeys(entry["seed"] for entry in seeds)), "repeats": result.repeats,
             "caches": {name: seeds[0]["cached"][name]["cache_options"] for name in caches},
         },
         "encode": {"encode_s": result.conditioning.encode_s,
                    "peak_rss_mb": None if result.encode_peak_rss_bytes is None else result.encode_peak_rss_bytes / MB},
         "thresholds": {"min_psnr": thresholds.min_psnr, "min_ssim": thresholds.min_ssim},
         "seeds": seeds,
-        "aggregate": {cache: _aggregate(seeds, cache) for cache in caches},
-        "verdict": _verdict(seeds, caches, thresholds),
+        "samplers": {sampler: _sampler_row(sampler, [entry for entry in seeds if entry["sampler"] == sampler],
+                                           {cache: aggregate[policy_name(sampler, cache, several)] for cache in caches})
+                     for sampler in samplers},
+        "aggregate": aggregate,
+        "verdict": _verdict(policies, thresholds),
     }
 
 
@@ -214,6 +262,7 @@ def _largest_step(distances: list[float] | None) -> str:
 
 def _seed_table(entry: dict[str, Any], steps: int, repeats: int) -> list[str]:
     base, cached = entry["baseline"], entry["cached"]
+    calls = base["model_calls"]  # the steps, or more for a sampler that calls the model twice a step
     header = "| | baseline | " + " | ".join(f"{name} | {name} vs baseline" for name in cached) + " |"
     lines = [header, "|---|---|" + "---|---|" * len(cached)]
 
@@ -224,8 +273,8 @@ def _seed_table(entry: dict[str, Any], steps: int, repeats: int) -> list[str]:
         return [(str(side[key]), f"{side[key] - base[key]:+d}") for side in cached.values()]
 
     comparisons = [side["vs_baseline"] for side in cached.values()]
-    row("computed steps", f"{len(base['computed_steps'])}/{steps}",
-        [(f"{len(side['computed_steps'])}/{steps}", f"ideal {c['ideal_speedup']:.2f}x")
+    row("computed steps" if calls == steps else "computed model calls", f"{len(base['computed_steps'])}/{calls}",
+        [(f"{len(side['computed_steps'])}/{calls}", f"ideal {c['ideal_speedup']:.2f}x")
          for side, c in zip(cached.values(), comparisons)])
     row("transformer passes", str(base["transformer_passes"]), diff("transformer_passes"))
     row("subgraph runs", str(base["subgraph_runs"]), diff("subgraph_runs"))
@@ -257,8 +306,8 @@ def _seed_table(entry: dict[str, Any], steps: int, repeats: int) -> list[str]:
 
 
 def _aggregate_table(aggregate: dict[str, Any]) -> list[str]:
-    lines = ["| policy | seeds passed | PSNR min / mean | SSIM min / mean | passes mean / max | denoise speedup | "
-             "end-to-end speedup | ideal | error estimate vs PSNR (Spearman) |",
+    lines = [("| policy | seeds passed | PSNR min / mean | SSIM min / mean | passes mean / max | denoise speedup | "
+              "end-to-end speedup | ideal | error estimate vs PSNR (Spearman) |"),
              "|---|---|---|---|---|---|---|---|---|"]
     for cache, agg in aggregate.items():
         psnr = "n/a" if agg["psnr_db"] is None else f"{_db(agg['psnr_db']['min'])} / {_db(agg['psnr_db']['mean'])}"
@@ -271,22 +320,44 @@ def _aggregate_table(aggregate: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _samplers_table(report: dict[str, Any]) -> list[str]:
+    caches = list(report["settings"]["caches"])
+    lines = ["| sampler | model calls | baseline denoise | baseline passes | "
+             + " | ".join(f"{cache}: denoise speedup, PSNR min" for cache in caches) + " |",
+             "|---|---|---|---|" + "---|" * len(caches)]
+    for sampler, row in report["samplers"].items():
+        cells = [f"{agg['denoise_speedup_median']:.2f}x, "
+                 + ("n/a" if agg["psnr_db"] is None else _db(agg["psnr_db"]["min"]))
+                 for agg in row["policies"].values()]
+        lines.append(f"| {sampler} ({row['label']}) | {row['model_calls']} | "
+                     f"{row['baseline_denoise_s_median']:.2f} s | "
+                     f"{row['baseline_transformer_passes']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
     s = report["settings"]
     repeats = s["repeats"]
+    several = len(s["samplers"]) > 1
+    sampler = f"samplers {', '.join(s['samplers'])}" if several else f"sampler {s['sampler']}"
     lines = ["# anima-rknn bench: cached vs baseline", "",
-             f"Prompt: {s['prompt']!r}; {s['width']}x{s['height']}, {s['steps']} steps, CFG {s['cfg']:g}, "
-             f"shift {s['shift']:g}, {s['dtype']}, {s['backend']} backend, model {s['model']}, "
-             f"VAE {'tiled ' + str(s['vae_tile']) + ' px' if s['vae_tile'] else 'untiled'} on {s['vae_backend']}.",
+             (f"Prompt: {s['prompt']!r}; {s['width']}x{s['height']}, {s['steps']} steps, {sampler}, "
+              f"schedule {s['scheduler']}, CFG {s['cfg']:g}, "
+              f"shift {s['shift']:g}, {s['dtype']}, {s['backend']} backend, model {s['model']}, "
+              f"VAE {'tiled ' + str(s['vae_tile']) + ' px' if s['vae_tile'] else 'untiled'} on {s['vae_backend']}."),
              f"Prompt encoding (shared by all runs, done once): {report['encode']['encode_s']:.2f} s, "
              f"peak RSS {_mb(report['encode']['peak_rss_mb'])}. Total excl. encoding = denoise + decode."
              + ("" if repeats == 1 else f" Times: median of {repeats} repeats (min in brackets); "
                 "speedups: median/median (min/min)."),
              ]
+    if several:
+        lines += ["", "## Samplers (each against its own uncached baseline; speedups: median over seeds)", ""] \
+            + _samplers_table(report)
     for entry in report["seeds"]:
         made_by = f" (worker {entry['worker']})" if entry["worker"] else ""
-        lines += ["", f"## Seed {entry['seed']}{made_by}", ""] + _seed_table(entry, s["steps"], repeats)
-    if len(report["seeds"]) > 1:
+        title = f"Seed {entry['seed']}, {entry['sampler']}" if several else f"Seed {entry['seed']}"
+        lines += ["", f"## {title}{made_by}", ""] + _seed_table(entry, s["steps"], repeats)
+    if len(s["seeds"]) > 1:
         lines += ["", "## All seeds (speedups: median over seeds)", ""] + _aggregate_table(report["aggregate"])
     lines += ["", f"**Verdict: {report['verdict']['line']}**", ""]
     return "\n".join(lines)

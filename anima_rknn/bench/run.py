@@ -1,5 +1,8 @@
 """Runs the uncached baseline and each cached policy with identical settings: one prompt encoding shared by
-all runs, the same loaded weights, the same noise per seed, repeats interleaved so drift hits both sides."""
+all runs, the same loaded weights, the same noise per seed, repeats interleaved so drift hits both sides.
+
+A sweep may name several samplers: each is a setting of its own, with its own uncached baseline that its cached
+runs are measured against (a sampler's picture is not another's), all at the same seeds from the same encoding."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from ..generation.pipeline import AnimaPipeline
 from ..generation.result import Conditioning, DecodePlan, Denoised
 from ..sampling.caches import CACHE_NAMES, make_cache
 from ..sampling.sample import StepCallback, StepEvent
+from ..sampling.samplers import sampler_name
 
 BASELINE = "baseline"
 # Every run keeps its per-step x0 for the report, so the number of runs is bounded.
@@ -35,6 +39,9 @@ class Run:
     peak_rss_bytes: int | None
     step_times: list[float]  # wall seconds per step
     x0_history: list[np.ndarray]  # the x0 each step used
+    # The steps (1-based) where a forecast stood in for a model call (the sample's skipped_steps number model calls,
+    # which are the steps only for samplers that call the model once a step).
+    forecast_steps: list[int] = field(default_factory=list)
 
     @property
     def total_s(self) -> float:
@@ -60,6 +67,7 @@ class SeedResult:
     baseline: PolicyRuns
     cached: dict[str, PolicyRuns]  # by cache name, in the order asked for
     worker: str | None = None  # host:pid of the batch worker that ran this seed; None: this process
+    sampler: str = "euler"  # the sampler of every side (a sweep of several samplers has a SeedResult for each)
 
 
 @dataclass
@@ -84,13 +92,28 @@ def parse_cache_list(text: str) -> list[str]:
     return names
 
 
+def parse_sampler_list(text: str) -> list[str]:
+    """"euler,dpmpp_2m_sde,Euler a" -> our names (A1111's display names taken too), checked."""
+    names = [sampler_name(name.strip()) for name in text.split(",") if name.strip()]
+    if not names:
+        raise AnimaError("--sampler needs at least one sampler")
+    if len(set(names)) != len(names):
+        raise AnimaError(f"a sampler is listed twice in {text!r}")
+    return names
+
+
+def sampler_params(params: GenerationParams, samplers: Sequence[str]) -> dict[str, GenerationParams]:
+    """`params` for each of `samplers`, by name (eta and s_noise as given: every sampler listed must have them)."""
+    return {sampler: dataclasses.replace(params, sampler=sampler) for sampler in samplers}
+
+
 def policy_params(params: GenerationParams, caches: Sequence[str],
                   cache_options: dict[str, float | str | bool]) -> dict[str, GenerationParams]:
     """Each cached policy's settings, checked before any work is done (the baseline's is `params` with
     cache none and no options)."""
     params.validate()
     for name in caches:
-        make_cache(name, params.steps, cache_options)  # raises on options the policy doesn't take
+        make_cache(name, params.model_calls(), cache_options)  # raises on options the policy doesn't take
     return {name: dataclasses.replace(params, cache=name, cache_options=dict(cache_options)) for name in caches}
 
 
@@ -108,16 +131,24 @@ def _run(pipeline: AnimaPipeline, conditioning: Conditioning, params: Generation
         image, decode_s = None, 0.0
         if denoised.sample.finite:
             image, decode_s = pipeline.decode(denoised.sample.latent, plan, params.rknn)
-    return Run(denoised, image, decode_s, peak.bytes, [e.seconds for e in events], [e.x0.copy() for e in events])
+    return Run(denoised, image, decode_s, peak.bytes, [e.seconds for e in events], [e.x0.copy() for e in events],
+               [e.step for e in events if not e.computed])
 
 
 @dataclass(frozen=True)
 class Sweep:
-    """What bench runs at each seed: the baseline (cache none) and each cached policy, `repeats` times each."""
+    """What bench runs at each seed: the baseline (cache none) and each cached policy, `repeats` times each, for
+    each of `samplers` (none named: the setting's own)."""
 
     caches: tuple[str, ...]
     cache_options: dict[str, float | str | bool] = field(default_factory=dict)
     repeats: int = 1
+    samplers: tuple[str, ...] = ()
+
+    def check(self, params: GenerationParams) -> None:
+        """Every side's settings, before any work is done."""
+        for each in sampler_params(params, self.samplers or (params.sampler,)).values():
+            policy_params(each, self.caches, self.cache_options)
 
 
 class SeedBench:
@@ -132,7 +163,11 @@ class SeedBench:
             raise AnimaError(f"--repeat must be at least 1, got {sweep.repeats}")
         self.pipeline, self.sweep = pipeline, sweep
         self.baseline = dataclasses.replace(params, cache="none", cache_options={})
-        self.cached = policy_params(params, sweep.caches, sweep.cache_options)
+        # Per sampler: its baseline ("baseline" is no cache name, so a cached "none" stays a second, separate run
+        # of the same thing), then each cached policy.
+        self.sides = {sampler: {BASELINE: dataclasses.replace(each, cache="none", cache_options={}),
+                                **policy_params(each, sweep.caches, sweep.cache_options)}
+                      for sampler, each in sampler_params(params, sweep.samplers or (params.sampler,)).items()}
         self.plan = pipeline.prepare(params)
         with peak_rss() as encode_peak:
             self.conditioning = pipeline.encode(params.prompt, params.negative, params.dtype, params.loras,
@@ -147,23 +182,30 @@ class SeedBench:
                                                            seed=self.baseline.seed) == self.baseline
 
     def run(self, seed: int, on_run: RunCallback | None = None, on_step: StepCallback | None = None) -> BenchResult:
-        """Every side at `seed`, repeats interleaved so that drift hits all sides alike."""
-        # "baseline" is no cache name, so a cached "none" stays a second, separate run of the same thing.
-        sides = {BASELINE: self.baseline, **self.cached}
-        runs: dict[str, list[Run]] = {label: [] for label in sides}
+        """Every side at `seed` (one SeedResult per sampler), repeats interleaved so that drift hits all sides
+        alike. on_run's side is "baseline" or the cache name, with the sampler before it ("heun baseline") when
+        the sweep has several."""
+        several = len(self.sides) > 1
+        runs: dict[tuple[str, str], list[Run]] = {(s, label): [] for s, sides in self.sides.items() for label in sides}
         for repeat in range(self.sweep.repeats):
-            for label, side in sides.items():
+            for (sampler, label), done in runs.items():
                 if on_run is not None:
-                    on_run(seed, label, repeat)
-                runs[label].append(_run(self.pipeline, self.conditioning, dataclasses.replace(side, seed=seed),
-                                        self.plan, on_step))
-        per_side = {label: PolicyRuns(dataclasses.replace(sides[label], seed=seed), runs[label]) for label in sides}
-        return BenchResult(self.conditioning, self.encode_peak_rss_bytes, self.sweep.repeats,
-                           [SeedResult(seed, per_side.pop(BASELINE), per_side)], self.plan)
+                    on_run(seed, f"{sampler} {label}" if several else label, repeat)
+                side = dataclasses.replace(self.sides[sampler][label], seed=seed)
+                done.append(_run(self.pipeline, self.conditioning, side, self.plan, on_step))
+        seeds = []
+        for sampler, sides in self.sides.items():
+            per_side = {label: PolicyRuns(dataclasses.replace(side, seed=seed), runs[sampler, label])
+                        for label, side in sides.items()}
+            seeds.append(SeedResult(seed, per_side.pop(BASELINE), per_side, sampler=sampler))
+        return BenchResult(self.conditioning, self.encode_peak_rss_bytes, self.sweep.repeats, seeds, self.plan)
 
 
 def merge(results: Sequence[BenchResult]) -> BenchResult:
     """One report's result from per-seed ones (in the order given), made by one worker or several."""
+    for result in results:  # a worker names itself on the first SeedResult of a seed; its other samplers' too
+        for other in result.seeds[1:]:
+            other.worker = other.worker or result.seeds[0].worker
     peaks = [r.encode_peak_rss_bytes for r in results if r.encode_peak_rss_bytes is not None]
     first = results[0]
     return BenchResult(first.conditioning, max(peaks) if peaks else None, first.repeats,
@@ -172,9 +214,9 @@ def merge(results: Sequence[BenchResult]) -> BenchResult:
 
 def run_bench(pipeline: AnimaPipeline, params: GenerationParams, caches: Sequence[str],
               cache_options: dict[str, float | str | bool] | None = None, seeds: Sequence[int] | None = None,
-              repeats: int = 1, *, on_run: RunCallback | None = None,
+              repeats: int = 1, *, samplers: Sequence[str] = (), on_run: RunCallback | None = None,
               on_step: StepCallback | None = None) -> BenchResult:
     """Baseline (cache none) vs each of `caches` at every seed (default: params.seed), `repeats` times each,
-    in this process. `params.cache` is ignored."""
-    bench = SeedBench(pipeline, params, Sweep(tuple(caches), dict(cache_options or {}), repeats))
+    for each of `samplers` (default: params.sampler), in this process. `params.cache` is ignored."""
+    bench = SeedBench(pipeline, params, Sweep(tuple(caches), dict(cache_options or {}), repeats, tuple(samplers)))
     return merge([bench.run(seed, on_run, on_step) for seed in (seeds or [params.seed])])

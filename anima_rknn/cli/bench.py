@@ -25,7 +25,14 @@ from ..generation.result import GenerationResult, publish
 from ..model.model_set import resolve
 from ..sampling.sample import StepEvent
 from .group import cli
-from .options import FINITE, lora_dir_option, model_options, params_from_cli, ray_options, setting_options
+from .options import (
+    FINITE,
+    lora_dir_option,
+    model_options,
+    params_from_cli,
+    ray_options,
+    setting_options,
+)
 
 if TYPE_CHECKING:
     from ..bench.run import BenchResult
@@ -42,26 +49,33 @@ def bench_modules() -> tuple[ModuleType, ModuleType, ModuleType]:
     return run, report, figures
 
 
-def save_images(result: BenchResult, out: Path, model_name: str) -> None:
-    """Every decoded image with the `parameters` chunk generate writes, so each can be reproduced alone."""
-    run_module, report_module, _ = bench_modules()
-    for seed_result in result.seeds:
-        for label, policy in {run_module.BASELINE: seed_result.baseline, **seed_result.cached}.items():
+def save_images(result: BenchResult, report: dict, out: Path, model_name: str) -> None:
+    """Every decoded image with the `parameters` chunk generate writes, so each can be reproduced alone, under the
+    name the report gives it."""
+    for seed_result, entry in zip(result.seeds, report["seeds"]):
+        sides = [(seed_result.baseline, entry["baseline"]),
+                 *((policy, entry["cached"][name]) for name, policy in seed_result.cached.items())]
+        for policy, side in sides:
             run = policy.first
-            if run.image is not None:  # a run that is not finite has no image (the report says so)
+            if side["image"] is not None:  # a run that is not finite has no image (the report says so)
                 generation = GenerationResult(run.image, run.denoised.sample.latent, policy.params,
                                               result.conditioning, run.denoised, run.decode_s, result.decode.backend,
                                               model_name)
-                publish(generation, out / report_module.image_file(label, seed_result.seed), overwrite=True)
+                publish(generation, out / side["image"], overwrite=True)
 
 
 @cli.command("bench")
 @model_options
-@setting_options(skip=("cache",))
+@setting_options(skip=("cache", "sampler"))
 @lora_dir_option
 @click.option("--cache", "caches", default="spectrum", show_default=True,
               help="Cache policy, or a comma list (spectrum,spectrum-plus,reuse) each run against one shared "
                    "baseline; none gives a second uncached run.")
+@click.option("--sampler", "samplers", default=None,
+              help="Sampler (as generate's --sampler: A1111's display names too), or a comma list "
+                   "(euler,dpmpp_2m_sde,er_sde) each with its own baseline and cached runs, compared in a row per "
+                   "sampler; --eta / --s-noise then apply to every one, so list only samplers that have them. "
+                   "Default: euler (with --jobs: the jobs' own).")
 @click.option("--seeds", default=None, help=f"Seeds, e.g. 1-8 or 1,5,9-12 (one table per seed plus aggregates; "
                                             f"at most {MAX_SEEDS}); overrides --seed.")
 @click.option("--jobs", "jobs_file", type=click.Path(dir_okay=False), default=None,
@@ -79,12 +93,15 @@ def save_images(result: BenchResult, out: Path, model_name: str) -> None:
               help="Folder for report.json, report.md, the images and plots.")
 @click.option("--overwrite", is_flag=True, help="Write into a non-empty --out folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print report.json on stdout too.")
-def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, caches, seeds, jobs_file, repeat, min_psnr,
-          min_ssim, fail_on_verdict, ray_address, ray_resources, ray_workers, out, overwrite, as_json,
+def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, caches, samplers, seeds, jobs_file, repeat,
+          min_psnr, min_ssim, fail_on_verdict, ray_address, ray_resources, ray_workers, out, overwrite, as_json,
           **settings) -> None:
     """Cached vs uncached baseline with the same weights, seed and noise: speed, work and image fidelity."""
     run_module, report_module, figures = bench_modules()
     cache_names = run_module.parse_cache_list(caches)
+    sampler_names = [] if samplers is None else run_module.parse_sampler_list(samplers)
+    if sampler_names:
+        settings["sampler"] = sampler_names[0]  # every job's own; the sweep runs the others beside it
     if jobs_file is not None and (settings["prompt"] is not None or seeds is not None):
         raise AnimaError("--jobs gives the prompt and the seeds: drop --prompt and --seeds")
     if settings["prompt"] is None and jobs_file is None:
@@ -101,13 +118,15 @@ def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, caches, s
         params, seed_list = one_sweep(jobs, MAX_SEEDS)
     else:
         jobs = [BatchJob(0, dataclasses.replace(params, seed=one_seed)) for one_seed in seed_list]
-    sweep = run_module.Sweep(tuple(cache_names), cache_options, repeat)
-    run_module.policy_params(params, cache_names, cache_options)  # bad options fail before the folder is made
+    # One sampler is the jobs' own setting; several (or one given with --jobs, over the jobs') are the sweep's.
+    listed = tuple(sampler_names) if len(sampler_names) > 1 or jobs_file is not None else ()
+    sweep = run_module.Sweep(tuple(cache_names), cache_options, repeat, listed)
+    sweep.check(params)  # bad options, or an eta a listed sampler lacks, fail before the folder is made
     expected = prepare_jobs(jobs, AnimaPipeline(files), jobs_file)
     out_dir = Path(out)
     output_folder(out_dir, overwrite=overwrite, names=["report.json", "report.md"], holds="a bench report" if (out_dir / "report.json").exists() else "other files")
 
-    sides, steps = 1 + len(cache_names), params.steps
+    sides, steps = len(sweep.samplers or (params.sampler,)) * (1 + len(cache_names)), params.steps
     with contextlib.ExitStack() as stack, tqdm(total=len(jobs) * repeat * sides * steps, desc="bench", unit="step",
                                                file=sys.stderr, dynamic_ncols=True) as bar:
         ray = open_ray_runner(stack, ray_address, ray_resources, ray_workers, files, expected, keep_models=True,
@@ -136,7 +155,7 @@ def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, caches, s
     result = run_module.merge([parts[job.id] for job in jobs])
 
     report = report_module.build_report(result, files.dit.name, report_module.Thresholds(min_psnr, min_ssim))
-    save_images(result, out_dir, files.dit.name)
+    save_images(result, report, out_dir, files.dit.name)
     figures.write_figures(result, report, out_dir)
     report_module.write_report(report, out_dir)
     if as_json:

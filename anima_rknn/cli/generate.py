@@ -14,7 +14,14 @@ from ..errors import AnimaError
 from ..generation.params import MAX_STEPS, SETTINGS, GenerationParams
 from ..generation.pipeline import AnimaPipeline
 from ..generation.result import NotFinite
-from ..generation.resume import STATE_SUFFIX, Interrupted, ResumeState, default_state_path, output_of_state, read_state
+from ..generation.resume import (
+    STATE_SUFFIX,
+    Interrupted,
+    ResumeState,
+    default_state_path,
+    output_of_state,
+    read_state,
+)
 from ..jobs.runner import JobRunner
 from ..model.model_set import resolve
 from ..sampling.sample import StepCallback, StepEvent
@@ -111,9 +118,12 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
         click.echo(json_text(report))
     echo = (lambda s: click.echo(s, err=True)) if as_json else click.echo
     t = report["timings"]
+    # A cache's steps are model calls; heun and the like call the model twice a step.
+    calls = report["model_calls"]
+    computed = f"{len(report['computed_steps'])}/{calls} {'steps' if calls == params.steps else 'model calls'}"
     echo(f"{'wrote ' + str(out_path) if failed is None else 'NO IMAGE WRITTEN'}: {params.width}x{params.height}, "
-         f"{params.steps} steps, cache {params.cache}: computed {len(report['computed_steps'])}/{params.steps} "
-         f"steps, {report['transformer_passes']} transformer passes, {report['subgraph_runs']} subgraph runs; "
+         f"{params.steps} steps, cache {params.cache}: computed {computed}, "
+         f"{report['transformer_passes']} transformer passes, {report['subgraph_runs']} subgraph runs; "
          f"encode {t['encode_s']:.2f}s, denoise {t['denoise_s']:.2f}s, decode {t['decode_s']:.2f}s, "
          f"total {t['total_s']:.2f}s (excl. encode)")
     if report["cache_error_estimate"] is not None:
@@ -150,7 +160,7 @@ def preview_listener(preview: str | None, out: Path, vae: Path, every: int, vae_
             return
         try:
             writer(event)
-        except Exception as e:  # anything, a VAE decode out of memory too: the run matters more
+        except Exception as e:  # noqa: BLE001 -- anything, a VAE decode out of memory too: the run matters more
             failed.append(str(e))
             click.echo(f"\nwarning: previews stopped: {e}", err=True)
 

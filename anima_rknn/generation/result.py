@@ -20,6 +20,7 @@ from ..core.files import cached_sha256, png_bytes, save_png
 from ..errors import AnimaError
 from ..model.lora import lora_tag
 from ..sampling.sample import SampleResult
+from ..sampling.samplers import SAMPLERS
 from ..sampling.schedule import SCHEDULE_LABELS
 from .params import GenerationParams
 
@@ -75,12 +76,16 @@ class GenerationResult:
 
     def summary(self, image: str | None) -> dict[str, Any]:
         """The one result record: `generate --json` prints it, a server job and a batch result line report it.
-        `image` says where the picture is (None: not written)."""
+        `image` says where the picture is (None: not written). computed/skipped/recomputed_steps number the
+        sampler's model calls (`model_calls` of them): the steps, for every sampler that calls the model once a
+        step."""
         sample, params = self.denoised.sample, self.params
         return {
             "image": image,
             "width": params.width, "height": params.height, "steps": params.steps, "cfg": params.cfg,
-            "seed": params.seed, "backend": params.backend, "dtype": params.dtype, "cache": params.cache,
+            "seed": params.seed, "sampler": params.sampler, "scheduler": params.scheduler,
+            "model_calls": params.model_calls(),
+            "backend": params.backend, "dtype": params.dtype, "cache": params.cache,
             "vae_backend": self.vae_backend or params.vae_backend,
             "cache_options": params.cache_options,
             "loras": [{"name": ref.name, **ref.as_json()} for ref in params.loras],
@@ -95,15 +100,23 @@ class GenerationResult:
 
 def png_parameters(params: GenerationParams, model_name: str, result: GenerationResult | None = None) -> str:
     """The A1111/ComfyUI-style `parameters` text that image tools read back."""
-    fields = [f"Steps: {params.steps}", "Sampler: Euler", f"Schedule type: {SCHEDULE_LABELS[params.scheduler]}",
-              f"CFG scale: {params.cfg}",
-              f"Seed: {params.seed}", f"Size: {params.width}x{params.height}", f"Model: {model_name}",
-              f"Shift: {params.shift}", f"Dtype: {params.dtype}", f"Backend: {params.backend}",
-              f"Cache: {params.cache}"]
+    fields = [f"Steps: {params.steps}", f"Sampler: {SAMPLERS[params.sampler].label}",
+              f"Schedule type: {SCHEDULE_LABELS[params.scheduler]}", f"CFG scale: {params.cfg}",
+              f"Seed: {params.seed}", f"Size: {params.width}x{params.height}", f"Model: {model_name}"]
+    # As A1111 writes them: only a value other than the sampler's default of 1, under A1111's own keys.
+    if params.eta is not None and params.eta != 1.0:
+        fields.append(f"Eta: {params.eta}")
+    if params.s_noise is not None and params.s_noise != 1.0:
+        fields.append(f"Sigma noise: {params.s_noise}")
+    fields += [f"Shift: {params.shift}", f"Dtype: {params.dtype}", f"Backend: {params.backend}",
+               f"Cache: {params.cache}"]
     if params.cache_options:
         fields.append("Cache options: " + ",".join(f"{k}={v}" for k, v in params.cache_options.items()))
     if result is not None and params.cache != "none":
-        fields.append(f"Computed steps: {len(result.denoised.sample.computed_steps)}/{params.steps}")
+        computed, calls = len(result.denoised.sample.computed_steps), params.model_calls()
+        # A cache's steps are model calls: for a sampler that calls the model twice a step they are not the steps.
+        fields.append(f"Computed steps: {computed}/{calls}" if calls == params.steps
+                      else f"Computed model calls: {computed}/{calls}")
         if result.denoised.sample.error_estimate is not None:
             fields.append(f"Cache error estimate: {result.denoised.sample.error_estimate:.4g}")
     vae_backend = (result.vae_backend if result is not None else None) or params.vae_backend

@@ -2,6 +2,9 @@
 events) and compare with baseline (compare.py), which the page and scripts call; /api/settings, the settings a
 request may give with this server's defaults (the page builds its form from it).
 
+Its requests are judged strictly, as every setting is: an unknown sampler is a 400 that lists the samplers, and
+eta or s_noise given to a sampler without them is a 400 too (the A1111 API drops those two, as WebUI does).
+
 A submit answers at once with the job's status; the client then polls it or follows its events.
 """
 
@@ -14,12 +17,16 @@ from typing import TYPE_CHECKING
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from ..sampling.samplers import SAMPLERS
 from .compare import difference_png, measure, twin_of
 from .jobs import FINISHED
 from .requests import job_or_404, json_body
 
 if TYPE_CHECKING:
     from .app import Server
+
+# Settings whose choices have display names a form may show beside ours: the samplers' (A1111's, "Euler a").
+CHOICE_LABELS = {"sampler": {name: sampler.label for name, sampler in SAMPLERS.items()}}
 
 
 def routes(server: Server) -> APIRouter:
@@ -33,7 +40,8 @@ def routes(server: Server) -> APIRouter:
 
     @router.get("/api/settings")
     async def settings():
-        return server.request_settings()
+        return [entry | ({"labels": CHOICE_LABELS[entry["setting"]]} if entry["setting"] in CHOICE_LABELS else {})
+                for entry in server.request_settings()]
 
     @router.get("/api/jobs")
     async def recent():

@@ -51,7 +51,9 @@ def test_batch_matches_separate_generate_runs(run_cli, model_dir, tmp_path, one_
 
 @pytest.mark.parametrize("lines, args, message", [
     (['{"prompt": "cat"}', '{"prompt": "dog"'], (), r"jobs.jsonl line 2: not valid JSON"),
-    (['{"prompt": "cat", "sampler": "dpm"}'], (), r"jobs.jsonl line 1: unknown key 'sampler'"),
+    (['{"prompt": "cat", "sampler": "dpm"}'], (), r"jobs.jsonl line 1: unknown sampler 'dpm'; choose one of euler"),
+    (['{"prompt": "cat", "scheduler": "karras", "sampler_name": "dpm"}'], (),
+     r"jobs.jsonl line 1: unknown key 'sampler_name'"),
     (['{"prompt": "cat"}', '{"prompt": "cat", "steps": 5000}'], (), r"line 2: steps must be an integer"),
     (['{"prompt": "cat", "width": 4096, "height": 4096}'], ("--no-vae-tiling",), r"line 1: decoding 4096x4096 in one piece needs"),
     (['{"prompt": "cat"}'], ("--seeds", "3-1"), r"--seeds"),

@@ -66,6 +66,8 @@ def _fill(driver, **fields) -> None:
         field = driver.find_element(By.ID, name)
         if name == "cache":
             Select(field).select_by_visible_text(value)
+        elif field.tag_name == "select":
+            Select(field).select_by_value(value)
         else:
             field.clear()
             field.send_keys(str(value))
@@ -104,6 +106,11 @@ def test_the_page_generates_shows_progress_cancels_and_compares(server, browser,
         "none", "spectrum", "spectrum-plus", "reuse", "auto"]
     assert [o.text for o in Select(browser.find_element(By.ID, "scheduler")).options][:3] == [
         "simple", "normal", "karras"]
+    # Samplers by our names, A1111's display name beside where it differs; eta and s_noise empty: the sampler's own.
+    assert [o.text for o in Select(browser.find_element(By.ID, "sampler")).options][:5] == [
+        "euler", "euler_ancestral (Euler a)", "heun", "dpmpp_2m (DPM++ 2M)", "dpmpp_2m_sde (DPM++ 2M SDE)"]
+    assert Select(browser.find_element(By.ID, "sampler")).first_selected_option.get_attribute("value") == "euler"
+    assert [browser.find_element(By.ID, name).get_attribute("value") for name in ("eta", "s_noise")] == ["", ""]
 
     _fill(browser, width=4096)  # the API's one-line answer is shown as it is
     error = _until(browser, lambda d: d.find_element(By.ID, "error-text").text, "the error message")
@@ -149,16 +156,49 @@ def test_the_page_generates_shows_progress_cancels_and_compares(server, browser,
     assert Image.open(tmp_path / "page.png").width == 1280
 
 
+def _completed_card(driver, job_id: str):
+    """The gallery card of the job, once it shows the job completed."""
+    selector = f'.result[data-id="{job_id}"][data-state="completed"]'
+    return _until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, selector), f"job {job_id} in the gallery")[0]
+
+
+def test_the_page_runs_the_sampler_chosen_with_its_eta(server, browser):
+    url, queue = server
+    browser.get(f"{url}/")
+    _until(browser, lambda d: d.find_element(By.ID, "steps").get_attribute("value") == "20", "the form's defaults")
+    # eta given to a sampler without one: the server's one line, shown as it is.
+    _fill(browser, prompt="a red circle", width=64, height=64, steps=2, seed=21, sampler="euler", eta=0.5)
+    error = _until(browser, lambda d: d.find_element(By.ID, "error-text").text, "the error message")
+    assert error.startswith("sampler euler has no eta; these do: euler_ancestral, dpmpp_2m_sde")
+    before = {job.id for job in queue.recent()}
+    _fill(browser, sampler="euler_ancestral", eta=0.5, seed=22)
+    job = _until(browser, lambda d: next((j for j in queue.recent() if j.id not in before), None), "the job")
+    assert (job.params.sampler, job.params.eta, job.params.s_noise) == ("euler_ancestral", 0.5, None)
+    card = _completed_card(browser, job.id)
+    assert "seed 22 · 64×64 · 2 steps · CFG 4 · cache none · euler_ancestral" in card.text
+    assert not browser.find_element(By.ID, "error").is_displayed()
+    # heun calls the model twice a step (not on the last): the card counts model calls.
+    before = {job.id for job in queue.recent()}
+    eta = browser.find_element(By.ID, "eta")
+    eta.clear()
+    _fill(browser, sampler="heun", steps=3, seed=23)
+    job = _until(browser, lambda d: next((j for j in queue.recent() if j.id not in before), None), "the heun job")
+    assert (job.params.sampler, job.params.eta) == ("heun", None)
+    text = _completed_card(browser, job.id).text
+    assert re.search(r"5/5 model calls computed · denoise", text) and "· heun" in text
+
+
 def test_the_page_sends_the_credentials_it_is_given(queue, browser):
     with running(queue, api_key="s3cret", api_auth="ann:pw") as url:
         browser.get(f"{url}/")  # the page itself needs no credentials; everything it calls does
         error = _until(browser, lambda d: d.find_element(By.ID, "error-text").text, "the 401")
         assert error == "authentication required: enter the server's API key at the top right"
+        stored = "return localStorage.getItem(arguments[0])"
         for key in ("ann:pw", "s3cret"):  # HTTP basic, then the Bearer token
             field = browser.find_element(By.ID, "api-key")
             field.clear()
             field.send_keys(f"{key}\t")
-            _until(browser, lambda d: d.execute_script("return localStorage.getItem(arguments[0])", KEY) == key, key)
+            _until(browser, lambda d, key=key: d.execute_script(stored, KEY) == key, key)
             _until(browser, lambda d: not d.find_element(By.ID, "error").is_displayed(), "the error to clear")
             _until(browser, lambda d: d.find_element(By.ID, "model").text == "tiny", "the model name")
             assert browser.find_elements(By.CSS_SELECTOR, ".result")  # the queue's jobs, listed with the key

@@ -120,7 +120,7 @@ def test_the_settings_a_request_may_give_come_from_the_table_with_the_servers_de
 
 
 def test_native_jobs_queue_run_and_report(server):
-    url, queue = server
+    url, _ = server
     code, job = call(f"{url}/api/jobs", {"prompt": "a cat", **SMALL, "seed": 3, "cache": "spectrum"})
     assert code == 200 and job["state"] in ("queued", "generating")
     deadline = time.monotonic() + 120
@@ -154,7 +154,8 @@ def test_cancel_stops_a_long_job_at_a_step_boundary(server):
 
 
 @pytest.mark.parametrize("path, body, code, pattern", [
-    ("/sdapi/v1/txt2img", {"prompt": "x", "sampler_name": "DPM++ 2M", **SMALL}, 400, "unknown sampler"),
+    ("/sdapi/v1/txt2img", {"prompt": "x", "sampler_name": "DPM2 a", **SMALL}, 400,
+     "unknown sampler 'DPM2 a'; choose one of euler (Euler), euler_ancestral (Euler a), heun (Heun)"),
     ("/sdapi/v1/txt2img", {"prompt": "x", "width": 4096, "height": 64, "steps": 2}, 400, "width and height"),
     ("/sdapi/v1/txt2img", {"prompt": "x", "steps": 151, "width": 64, "height": 64}, 400, "steps must be"),
     ("/sdapi/v1/txt2img", {"prompt": "x", "cfg_scale": "high", **SMALL}, 400, "cfg_scale must be a finite"),
@@ -293,7 +294,7 @@ def test_fifty_concurrent_mixed_requests_are_each_answered_once(server):
 
     from anima_rknn.core.memory import status_bytes
 
-    url, queue = server
+    url, _ = server
     kinds = [("/api/jobs", {"prompt": "a cat", **SMALL}), ("/sdapi/v1/txt2img", {"prompt": "a dog", **SMALL}),
              ("/v1/images/generations", {"prompt": "a fox", "size": "64x64", "steps": 2})]
     before = status_bytes("VmRSS")
@@ -303,7 +304,7 @@ def test_fifty_concurrent_mixed_requests_are_each_answered_once(server):
     submitted = [body["id"] for kind, code, body in answers if kind == 0 and code == 200]
     assert len(submitted) == len(set(submitted))
     for job_id in submitted:
-        _wait_until(lambda: call(f"{url}/api/jobs/{job_id}")[1]["state"] == "completed")
+        _wait_until(lambda job_id=job_id: call(f"{url}/api/jobs/{job_id}")[1]["state"] == "completed")
     assert all(len(body["images"]) == 1 for kind, code, body in answers if kind == 1 and code == 200)
     assert all(len(body["data"]) == 1 for kind, code, body in answers if kind == 2 and code == 200)
     assert status_bytes("VmRSS") - before < 512 * 2**20
