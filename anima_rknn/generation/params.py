@@ -357,6 +357,8 @@ def settings_markdown() -> str:
             shown_default = "model's size, else 512"
         elif name == "prompt":
             shown_default = "(required)"
+        elif opt.kind == "number" and value is None:
+            shown_default = "the sampler's (1)"
         elif isinstance(value, (dict, list)) or value is None or isinstance(value, RknnOptions):
             shown_default = "none"
         request = f"`{opt.request}`" if opt.request else "(server's)"

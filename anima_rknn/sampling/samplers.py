@@ -398,7 +398,7 @@ SAMPLERS: dict[str, Sampler] = {s.name: s for s in (
     Sampler("euler_ancestral", "Euler a", euler_ancestral, _one_call, takes_eta=True, takes_s_noise=True,
             aliases=("k_euler_a", "euler_a", "Euler Ancestral")),
     Sampler("heun", "Heun", heun, _heun_calls, aliases=("k_heun",)),
-    Sampler("dpmpp_2m", "DPM++ 2M", dpmpp_2m, _one_call, aliases=("k_dpmpp_2m")),
+    Sampler("dpmpp_2m", "DPM++ 2M", dpmpp_2m, _one_call, aliases=("k_dpmpp_2m",)),
     Sampler("dpmpp_2m_sde", "DPM++ 2M SDE", dpmpp_2m_sde, _one_call, takes_eta=True, takes_s_noise=True,
             aliases=("k_dpmpp_2m_sde",)),
     Sampler("dpmpp_sde", "DPM++ SDE", dpmpp_sde, _dpmpp_sde_calls, takes_eta=True, takes_s_noise=True,
