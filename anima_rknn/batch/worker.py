@@ -91,5 +91,6 @@ class Worker:
             result = self.seed_bench.run(job.params.seed, on_run, on_step)
         except AnimaError as e:
             return Outcome(job.id, self.name, time.perf_counter() - start, error=str(e))
-        result.seeds[0].worker = self.name
+        for seed_result in result.seeds:  # one per sampler of the sweep
+            seed_result.worker = self.name
         return Outcome(job.id, self.name, time.perf_counter() - start, bench=result)

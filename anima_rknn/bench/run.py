@@ -203,9 +203,6 @@ class SeedBench:
 
 def merge(results: Sequence[BenchResult]) -> BenchResult:
     """One report's result from per-seed ones (in the order given), made by one worker or several."""
-    for result in results:  # a worker names itself on the first SeedResult of a seed; its other samplers' too
-        for other in result.seeds[1:]:
-            other.worker = other.worker or result.seeds[0].worker
     peaks = [r.encode_peak_rss_bytes for r in results if r.encode_peak_rss_bytes is not None]
     first = results[0]
     return BenchResult(first.conditioning, max(peaks) if peaks else None, first.repeats,
