@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.files import json_text, write_text
+from ..generation.result import call_noun
 from ..sampling.samplers import SAMPLERS
 from . import DEFAULT_MIN_PSNR, metrics
 from .run import BASELINE, BenchResult, PolicyRuns, SeedResult
@@ -273,7 +274,7 @@ def _seed_table(entry: dict[str, Any], steps: int, repeats: int) -> list[str]:
         return [(str(side[key]), f"{side[key] - base[key]:+d}") for side in cached.values()]
 
     comparisons = [side["vs_baseline"] for side in cached.values()]
-    row("computed steps" if calls == steps else "computed model calls", f"{len(base['computed_steps'])}/{calls}",
+    row(f"computed {call_noun(calls, steps)}", f"{len(base['computed_steps'])}/{calls}",
         [(f"{len(side['computed_steps'])}/{calls}", f"ideal {c['ideal_speedup']:.2f}x")
          for side, c in zip(cached.values(), comparisons)])
     row("transformer passes", str(base["transformer_passes"]), diff("transformer_passes"))

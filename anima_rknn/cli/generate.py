@@ -13,7 +13,7 @@ from ..core.files import check_output_file, json_text
 from ..errors import AnimaError
 from ..generation.params import MAX_STEPS, SETTINGS, GenerationParams
 from ..generation.pipeline import AnimaPipeline
-from ..generation.result import NotFinite
+from ..generation.result import NotFinite, call_noun
 from ..generation.resume import (
     STATE_SUFFIX,
     Interrupted,
@@ -118,9 +118,8 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
         click.echo(json_text(report))
     echo = (lambda s: click.echo(s, err=True)) if as_json else click.echo
     t = report["timings"]
-    # A cache's steps are model calls; heun and the like call the model twice a step.
     calls = report["model_calls"]
-    computed = f"{len(report['computed_steps'])}/{calls} {'steps' if calls == params.steps else 'model calls'}"
+    computed = f"{len(report['computed_steps'])}/{calls} {call_noun(calls, params.steps)}"
     echo(f"{'wrote ' + str(out_path) if failed is None else 'NO IMAGE WRITTEN'}: {params.width}x{params.height}, "
          f"{params.steps} steps, cache {params.cache}: computed {computed}, "
          f"{report['transformer_passes']} transformer passes, {report['subgraph_runs']} subgraph runs; "

@@ -98,6 +98,12 @@ class GenerationResult:
         }
 
 
+def call_noun(model_calls: int, steps: int) -> str:
+    """What a cache's computed / skipped numbers count, in words: "steps", or "model calls" for a sampler that
+    calls the model more than once a step (a cache's steps are model calls)."""
+    return "steps" if model_calls == steps else "model calls"
+
+
 def png_parameters(params: GenerationParams, model_name: str, result: GenerationResult | None = None) -> str:
     """The A1111/ComfyUI-style `parameters` text that image tools read back."""
     fields = [f"Steps: {params.steps}", f"Sampler: {SAMPLERS[params.sampler].label}",
@@ -114,9 +120,7 @@ def png_parameters(params: GenerationParams, model_name: str, result: Generation
         fields.append("Cache options: " + ",".join(f"{k}={v}" for k, v in params.cache_options.items()))
     if result is not None and params.cache != "none":
         computed, calls = len(result.denoised.sample.computed_steps), params.model_calls()
-        # A cache's steps are model calls: for a sampler that calls the model twice a step they are not the steps.
-        fields.append(f"Computed steps: {computed}/{calls}" if calls == params.steps
-                      else f"Computed model calls: {computed}/{calls}")
+        fields.append(f"Computed {call_noun(calls, params.steps)}: {computed}/{calls}")
         if result.denoised.sample.error_estimate is not None:
             fields.append(f"Cache error estimate: {result.denoised.sample.error_estimate:.4g}")
     vae_backend = (result.vae_backend if result is not None else None) or params.vae_backend
