@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import AnimaError
 from .caches import CachePolicy
+from .inpaint import Inpaint
 from .samplers import History, Sampler, StepContext, call_sigmas
 
 # denoise(x, sigma) -> guided x0: one run of the network (two passes under CFG).
@@ -94,6 +95,16 @@ class _CachedModel:
         return x0
 
 
+class _MaskedModel:
+    """The model inpainting `inpaint`'s mask: outside it, the original on its trajectory in, the original out."""
+
+    def __init__(self, model: _CachedModel, inpaint: Inpaint) -> None:
+        self.model, self.inpaint = model, inpaint
+
+    def __call__(self, x: np.ndarray, sigma: float) -> np.ndarray:
+        return self.inpaint.blend(self.model(self.inpaint.blend(x, sigma), sigma), 0.0)
+
+
 def _check_inputs(sigmas: np.ndarray, cache: CachePolicy, calls: int, start: int) -> None:
     if sigmas.ndim != 1 or len(sigmas) < 2:
         raise AnimaError("sigmas must be a 1-D list of at least two values")
@@ -107,14 +118,14 @@ def _check_inputs(sigmas: np.ndarray, cache: CachePolicy, calls: int, start: int
 
 def sample(sampler: Sampler, denoise: Denoiser, x: np.ndarray, sigmas: np.ndarray, cache: CachePolicy,
            callback: StepCallback | None = None, *, seed: int | None = None, eta: float = 1.0, s_noise: float = 1.0,
-           start: int = 0,
-           state: dict[str, Any] | None = None) -> SampleResult:
+           start: int = 0, state: dict[str, Any] | None = None, inpaint: Inpaint | None = None) -> SampleResult:
     """Run `sampler` from sigmas[start] down to sigmas[-1].
 
     `x` is the initial noise (scaled by sigmas[0]), or, resuming, the latent after `start` steps with the cache
     restored to its state after that step and `state` the sampler_state of that step's event. The noise is
     drawn by step_noise(seed); a sampler that draws none needs no seed. The cache is made for
-    len(call_sigmas(sampler, sigmas)) calls.
+    len(call_sigmas(sampler, sigmas)) calls. `inpaint` holds the part outside its mask on the original's
+    trajectory (sampling.inpaint); `x` is then the original noised to sigmas[start].
     """
     sigmas = np.asarray(sigmas, dtype=np.float64)
     planned = call_sigmas(sampler, sigmas) if sigmas.ndim == 1 and len(sigmas) >= 2 else []
@@ -130,12 +141,15 @@ def sample(sampler: Sampler, denoise: Denoiser, x: np.ndarray, sigmas: np.ndarra
     x = np.asarray(x, dtype=np.float32)
     draw_noise = _no_noise if seed is None else step_noise(seed, x.shape)
     model = _CachedModel(denoise, cache, recomputed)
+    step_model = model if inpaint is None else _MaskedModel(model, inpaint)
     total, began = len(sigmas) - 1, time.perf_counter()
     for index in range(start, total):
         step, started = index + 1, time.perf_counter()
         runs, forecasts, refusals = model.runs, model.forecasts, model.refusals
         ctx = StepContext(sigmas, index, draw_noise, float(eta), float(s_noise))
-        x, x0, history = sampler.step(model, x, ctx, history)
+        x, x0, history = sampler.step(step_model, x, ctx, history)
+        if inpaint is not None:
+            x = inpaint.blend(x, float(sigmas[index + 1]))
         if callback is not None:
             now = time.perf_counter()
             callback(StepEvent(step, total, float(sigmas[index]), float(sigmas[index + 1]), x, x0,
