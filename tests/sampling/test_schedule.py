@@ -12,6 +12,7 @@ from anima_rknn.sampling.schedule import (
     SCHEDULES,
     flow_sigmas,
     schedule_name,
+    strength_start,
 )
 
 
@@ -280,3 +281,23 @@ def test_flow_sigmas_takes_any_accepted_name_and_refuses_others():
     np.testing.assert_array_equal(flow_sigmas(20, 3.0, "SGM Uniform"), flow_sigmas(20, 3.0, "sgm_uniform"))
     with pytest.raises(AnimaError, match="unknown schedule"):
         flow_sigmas(20, 3.0, "ddim_uniform")
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3, 7, 10, 20, 28, 50])
+def test_strength_start_is_diffusers_anima_get_timesteps(steps):
+    from diffusers.modular_pipelines.anima.before_denoise import get_timesteps
+
+    for strength in [0.0, 0.05, 0.1, 0.2, 0.25, 0.3, 1 / 3, 0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 0.95, 0.999, 1.0]:
+        scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)
+        scheduler.set_timesteps(steps)
+        timesteps, run = get_timesteps(scheduler, steps, strength)
+        start = strength_start(steps, strength)
+        assert steps - start == run == len(timesteps)
+        if run:  # the truncated run starts at the sigma diffusers noises the init latent to
+            assert scheduler.sigmas[start].item() == pytest.approx(timesteps[0].item() / 1000, abs=1e-6)
+
+
+def test_strength_start_refuses_strengths_outside_0_to_1():
+    for bad in (-0.01, 1.01, float("nan"), "0.5", None):
+        with pytest.raises(AnimaError, match="strength"):
+            strength_start(20, bad)
