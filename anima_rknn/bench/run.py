@@ -127,12 +127,9 @@ def _run(pipeline: AnimaPipeline, conditioning: Conditioning, params: Generation
             on_step(event)
 
     with peak_rss() as peak:
-        denoised = pipeline.denoise(conditioning, params, on_step=listen)
-        image, decode_s = None, 0.0
-        if denoised.sample.finite:
-            image, decode_s = pipeline.decode(denoised.sample.latent, plan, params.rknn)
-    return Run(denoised, image, decode_s, peak.bytes, [e.seconds for e in events], [e.x0.copy() for e in events],
-               [e.step for e in events if not e.computed])
+        rendered = pipeline.render(conditioning, params, plan, on_step=listen)
+    return Run(rendered.denoised, rendered.image, rendered.decode_s, peak.bytes, [e.seconds for e in events],
+               [e.x0.copy() for e in events], [e.step for e in events if not e.computed])
 
 
 @dataclass(frozen=True)
@@ -174,7 +171,8 @@ class SeedBench:
                                                 params.lora_ignore_unmatched)
         self.encode_peak_rss_bytes = encode_peak.bytes
         # Untimed: torch's first-call costs (allocator, kernel choice) would otherwise land on the baseline alone.
-        pipeline.denoise(self.conditioning, dataclasses.replace(self.baseline, steps=1))
+        pipeline.denoise(self.conditioning, dataclasses.replace(self.baseline, steps=1, init_image=None, mask=None,
+                                                                outpaint=None, hires=False))
 
     def takes(self, params: GenerationParams, sweep: Sweep) -> bool:
         """Whether `params` is this bench's setting at another seed."""

@@ -27,9 +27,10 @@ from ..errors import AnimaError
 from ..model.lora import MAX_LORAS, LoraRef, lora_refs, prompt_loras
 from ..sampling.caches import CACHE_NAMES, make_cache
 from ..sampling.samplers import SAMPLER_NAMES, SAMPLERS, call_sigmas, sampler_name
-from ..sampling.schedule import SCHEDULES, flow_sigmas, schedule_name
+from ..sampling.schedule import SCHEDULES, flow_sigmas, schedule_name, strength_start
 from ..text.prompt import parse_prompt_weights
 from ..vae.tiling import TILING_MODES
+from .images import INPAINT_AREAS, MASKED_CONTENT, RESIZE_MODES, ImageInput
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}  # the bodies' dtypes, by name
 DEFAULT_NEGATIVE = "worst quality, low quality, score_1, score_2, score_3, blurry, jpeg artifacts, sepia"
@@ -39,6 +40,14 @@ MAX_PROMPT_CHARS = 20_000
 MAX_PROMPT_TOKENS = 4096  # Qwen3 tokens; its attention over a prompt grows with the square of this
 MAX_CFG, MAX_SHIFT = 100.0, 100.0
 MAX_S_NOISE = 10.0
+MAX_MASK_BLUR = 256  # pixels
+MAX_HIRES_SCALE = 8.0
+SAME_CACHE = "same"  # hires_cache: the second pass caches as the first
+# The hires fix's upscalers: the latent interpolated (torch's modes; "latent" is bilinear, as A1111's "Latent"), or
+# the image decoded, resized with Lanczos and encoded again.
+HIRES_UPSCALERS = ("latent", "latent-bicubic", "latent-nearest-exact", "lanczos")
+_HIRES_LABELS = {"latent (bilinear)": "latent", "latent (bicubic)": "latent-bicubic",
+                 "latent (nearest-exact)": "latent-nearest-exact"}
 RANDOM_SEED = -1  # as in WebUI: draw a seed; the one drawn is what params, JSON and PNG report
 MAX_SEED = 2**64 - 1
 MAX_SEEDS = 10_000  # one --seeds list
@@ -50,8 +59,8 @@ class Option:
     """How one setting meets the user.
 
     `kind` is what a value is: int, number, text, choice, path, bool, or a structured one (cache_options, loras,
-    rknn) whose front ends each have their own spelling. `request` is the field an HTTP request sets it with
-    (None: the server's own setting, chosen when it starts). `picture`: the setting changes the picture, so a
+    rknn, image: an ImageInput, outpaint: four pixel counts) whose front ends each have their own spelling.
+    `request` is the field an HTTP request sets it with (None: the server's own setting, chosen when it starts). `picture`: the setting changes the picture, so a
     resume state and a batch job id hold it, and a JSONL job may set it."""
 
     help: str
@@ -148,12 +157,70 @@ class GenerationParams:
     lora_ignore_unmatched: bool = _setting(False, Option(
         "Skip LoRA keys that name no layer of this model instead of refusing the file.", "bool",
         request="lora_ignore_unmatched"))
+    # ---- image to image: an init image (img2img), a mask (inpainting), a grown canvas (outpainting), hires fix
+    init_image: ImageInput | None = _setting(None, Option(
+        "Image to start from (img2img): resized to width x height by --resize-mode; the width and height default "
+        "to its size (grown by --outpaint), in multiples of 16.", "image", ("--init-img", "-i"),
+        request="init_image"))
+    strength: float = _setting(0.75, Option(
+        "Denoising strength of img2img, inpainting and the hires fix's second pass: the share of the steps run "
+        "(steps x strength rounded up, as diffusers), from the sigma the image is noised to; 1: from pure noise.",
+        "number", low=0.0, high=1.0, request="denoising_strength"))
+    resize_mode: str = _setting("just_resize", Option(
+        "How the init image meets width x height (A1111's resize modes): stretch, scale to cover and crop, or "
+        "scale to fit and fill the bands with its edges.", "choice", choices=RESIZE_MODES, request="resize_mode"))
+    mask: ImageInput | None = _setting(None, Option(
+        "Inpainting mask, the init image's size: white = repaint, black = keep (grey: a partial repaint).",
+        "image", request="mask"))
+    mask_blur: int = _setting(4, Option("Gaussian blur of the mask's edge, in pixels.", "int", low=0,
+                                        high=MAX_MASK_BLUR, request="mask_blur"))
+    invert_mask: bool = _setting(False, Option("Repaint where the mask is black instead.", "bool",
+                                               request="inpainting_mask_invert"))
+    masked_content: str = _setting("original", Option(
+        "What the masked area starts from (A1111's inpainting_fill): the original, its surroundings' colours "
+        "(fill), latent noise, or an empty latent.", "choice", choices=MASKED_CONTENT, request="inpainting_fill"))
+    inpaint_area: str = _setting("whole", Option(
+        "Inpaint the whole picture, or only the masked area: cropped with --inpaint-padding, worked at width x "
+        "height, pasted back (the output keeps the init image's size).", "choice", choices=INPAINT_AREAS,
+        request="inpaint_area"))
+    inpaint_padding: int = _setting(32, Option("Pixels around the mask kept in an only-masked crop.", "int",
+                                               low=0, high=MAX_SIDE, request="inpaint_full_res_padding"))
+    outpaint: tuple[int, int, int, int] | None = _setting(None, Option(
+        "Outpaint: grow the init image's canvas by LEFT,TOP,RIGHT,BOTTOM pixels (the new area inpainted).",
+        "outpaint", request="outpaint"))
+    hires: bool = _setting(False, Option(
+        "Hires fix: render at width x height, upscale, then refine at the hires size as img2img with --strength.",
+        "bool", request="enable_hr"))
+    hires_scale: float = _setting(2.0, Option("Hires size as a multiple of width x height.", "number", low=1.0,
+                                              high=MAX_HIRES_SCALE, request="hr_scale"))
+    hires_width: int = _setting(0, Option(
+        "Hires width in pixels instead of the scale (0: by the scale, or from hires-height by the aspect ratio).",
+        "int", low=0, high=MAX_SIDE, request="hr_resize_x"))
+    hires_height: int = _setting(0, Option("Hires height; as hires-width.", "int", low=0, high=MAX_SIDE,
+                                           request="hr_resize_y"))
+    hires_steps: int = _setting(0, Option("Steps of the hires pass's schedule (0: as --steps).", "int", low=0,
+                                          high=MAX_STEPS, request="hr_second_pass_steps"))
+    hires_upscaler: str = _setting("latent", Option(
+        "How the first pass is upscaled: its latent interpolated, or its image decoded, Lanczos-resized and "
+        "encoded again (A1111's \"Latent\", \"Latent (bicubic)\", \"Latent (nearest-exact)\", \"Lanczos\").",
+        "choice", choices=HIRES_UPSCALERS, request="hr_upscaler", parse=lambda text: hires_upscaler_name(text)))
+    hires_subgraphs: Path | None = _setting(None, Option(
+        "Subgraph set exported at the hires size, for the hires pass on the onnx / rknn backends.", "path",
+        picture=False))
+    hires_cache: str = _setting(SAME_CACHE, Option(
+        "Step cache of the hires pass (same: --cache with its options).", "choice",
+        choices=(SAME_CACHE, *CACHE_NAMES), request="hr_cache"))
 
     def __post_init__(self) -> None:
         self.seed = resolve_seed(self.seed)
         self.dtype = resolve_dtype(self.dtype)  # "auto": what this CPU runs fastest (cpu_speed); reported as chosen
         if isinstance(self.loras, (list, tuple)):  # from JSON (resume states, requests): paths and scales
             self.loras = lora_refs(self.loras)
+        for name in IMAGE_SETTINGS:  # from JSON (resume states, records): the fingerprint alone
+            if isinstance(getattr(self, name), dict):
+                setattr(self, name, ImageInput.from_json(getattr(self, name)))
+        if isinstance(self.outpaint, list):
+            self.outpaint = tuple(self.outpaint)
 
     def validate(self) -> None:
         """Every setting checked before any model loads: one AnimaError line for the first problem."""
@@ -190,20 +257,80 @@ class GenerationParams:
                 raise AnimaError(f"sampler {self.sampler} has no {name}; these do: {', '.join(having)}")
         if not isinstance(self.cache_options, dict):
             raise AnimaError("cache options must be a dict of option names to values")
-        sigmas = flow_sigmas(self.steps, self.shift, self.scheduler)  # a schedule that cannot make these steps, now
-        make_cache(self.cache, self.model_calls(sigmas), self.cache_options)  # bad cache options fail now too
+        flow_sigmas(self.steps, self.shift, self.scheduler)  # a schedule that cannot make these steps, now
+        self._validate_image_to_image()
+        for denoise_pass in self.passes():  # bad cache options fail now too
+            make_cache(denoise_pass.cache, self.model_calls(denoise_pass.sigmas), denoise_pass.cache_options)
         if not isinstance(self.loras, list) or len(self.loras) > MAX_LORAS:
             raise AnimaError(f"loras must be a list of at most {MAX_LORAS} LoRA files with scales")
         for ref in self.loras:
             ref.check()
 
+    def _validate_image_to_image(self) -> None:
+        for name in IMAGE_SETTINGS:
+            if not isinstance(getattr(self, name), (ImageInput, type(None))):
+                raise AnimaError(f"{name} must be an image (anima_rknn.ImageInput), got "
+                                 f"{type(getattr(self, name)).__name__}")
+        if self.outpaint is not None:
+            if not (isinstance(self.outpaint, tuple) and len(self.outpaint) == 4):
+                raise AnimaError("outpaint takes four pixel counts: left, top, right, bottom")
+            for side, value in zip(("left", "top", "right", "bottom"), self.outpaint):
+                check_int(f"outpaint {side}", value, 0, MAX_SIDE)
+            if not any(self.outpaint):
+                raise AnimaError("outpaint grows no side: give at least one of left, top, right, bottom above 0")
+        if self.init_image is None:
+            for name in ("mask", "outpaint"):
+                if getattr(self, name) is not None:
+                    raise AnimaError(f"{LABELS.get(name, name)} needs an init image (--init-img)")
+        elif self.hires:
+            raise AnimaError("the hires fix refines a text-to-image render: it takes no init image")
+        if self.mask is not None and self.outpaint is not None:
+            raise AnimaError("outpainting makes its own mask of the new area: give --mask or --outpaint, not both")
+        if self.hires:
+            width, height = self.hires_size()
+            for side, value in (("width", width), ("height", height)):
+                if not 16 <= value <= MAX_SIDE:
+                    raise AnimaError(f"the hires {side} would be {value} px; it must be from 16 to {MAX_SIDE}")
+        for denoise_pass in self.passes():
+            if len(denoise_pass.sigmas) < 2:
+                raise AnimaError(f"strength {self.strength} runs no step of {denoise_pass.steps}: give a strength "
+                                 "above 0 (it is the share of the steps run)")
+
     def sigmas(self) -> np.ndarray:
+        """The whole schedule of the first pass (a txt2img run's, or the one an img2img run starts into)."""
         return flow_sigmas(self.steps, self.shift, self.scheduler)
 
+    def hires_size(self) -> tuple[int, int]:
+        """The hires pass's width and height: hires_width x hires_height, one of them with the other from the
+        aspect ratio, or width x height times hires_scale; rounded down to multiples of 16."""
+        width, height = self.hires_width, self.hires_height
+        if not width and not height:
+            width, height = self.width * self.hires_scale, self.height * self.hires_scale
+        elif not height:
+            height = width * self.height / self.width
+        elif not width:
+            width = height * self.width / self.height
+        return int(width) // 16 * 16, int(height) // 16 * 16
+
+    def passes(self) -> list[DenoisePass]:
+        """The denoising passes this run makes: one (txt2img; img2img over the last steps x strength steps,
+        rounded up), or with the hires fix a txt2img pass and an img2img one at the hires size."""
+        start = strength_start(self.steps, self.strength) if self.init_image is not None else 0
+        first = DenoisePass(self.width, self.height, self.sigmas()[start:], self.steps, start, self.cache,
+                            self.cache_options, 0)
+        if not self.hires:
+            return [first]
+        steps = self.hires_steps or self.steps
+        cache = self.cache if self.hires_cache == SAME_CACHE else self.hires_cache
+        width, height = self.hires_size()
+        return [first, DenoisePass(width, height, flow_sigmas(steps, self.shift, self.scheduler)[
+            strength_start(steps, self.strength):], steps, strength_start(steps, self.strength), cache,
+            self.cache_options if self.hires_cache in (SAME_CACHE, self.cache) else {}, 1)]
+
     def model_calls(self, sigmas: np.ndarray | None = None) -> int:
-        """The model calls the sampler makes over the run (a step cache's steps): the steps, or more for heun and
-        the like."""
-        return len(call_sigmas(SAMPLERS[self.sampler], self.sigmas() if sigmas is None else sigmas))
+        """The model calls the sampler makes over `sigmas` (a step cache's steps): the steps, or more for heun
+        and the like. Default: over the last pass, the one that makes the picture."""
+        return len(call_sigmas(SAMPLERS[self.sampler], self.passes()[-1].sigmas if sigmas is None else sigmas))
 
     @property
     def eta_value(self) -> float:
@@ -214,9 +341,29 @@ class GenerationParams:
         return 1.0 if self.s_noise is None else float(self.s_noise)
 
 
+@dataclasses.dataclass(frozen=True)
+class DenoisePass:
+    """One run of the sampler: at width x height over `sigmas`, the last len(sigmas) - 1 of a `steps`-step
+    schedule (from step `start`), with its step cache. `stream` keys its noise apart from another pass's."""
+
+    width: int
+    height: int
+    sigmas: np.ndarray
+    steps: int
+    start: int
+    cache: str
+    cache_options: dict[str, float | str]
+    stream: int
+
+    @property
+    def steps_run(self) -> int:
+        return len(self.sigmas) - 1
+
+
 # How validate() names a setting where its field name would read oddly in a message.
 LABELS = {"vae_tile": "VAE tile size", "vae_overlap": "VAE tile overlap", "vae_tiling": "VAE tiling mode",
-          "vae_backend": "VAE backend"}
+          "vae_backend": "VAE backend", "mask": "a mask", "outpaint": "outpainting", "init_image": "init image"}
+IMAGE_SETTINGS = ("init_image", "mask")
 
 
 _FIELDS = {field.name: field for field in dataclasses.fields(GenerationParams)}
@@ -248,13 +395,27 @@ def default(name: str, front: str | None = None) -> Any:
 SETTINGS = tuple(name for name, opt in options() if opt.picture)
 # Picture settings added after resume states were first written, with the value that earlier versions made (and
 # so meant) without naming it: a state without them still resumes.
+_IMAGE_TO_IMAGE = ("init_image", "strength", "resize_mode", "mask", "mask_blur", "invert_mask", "masked_content",
+                   "inpaint_area", "inpaint_padding", "outpaint", "hires", "hires_scale", "hires_width",
+                   "hires_height", "hires_steps", "hires_upscaler", "hires_cache")
 LATER_SETTINGS = {"loras": [], "lora_ignore_unmatched": False, "scheduler": "simple", "sampler": "euler",
-                  "eta": None, "s_noise": None}
+                  "eta": None, "s_noise": None} | {name: default(name) for name in _IMAGE_TO_IMAGE}
 # Those added after batch job ids were first made: an id leaves them out at that value, so a batch made before
 # them is still found done.
-LATER_THAN_JOB_IDS = ("scheduler", "sampler", "eta", "s_noise")
+LATER_THAN_JOB_IDS = ("scheduler", "sampler", "eta", "s_noise", *_IMAGE_TO_IMAGE)
 REQUEST_FIELDS = {opt.request: name for name, opt in options() if opt.request}  # request field -> setting
 SERVER_SETTINGS = tuple(name for name, opt in options() if opt.request is None)  # chosen when `serve` starts
+
+
+def hires_upscaler_name(text: object) -> str:
+    """An upscaler as ours: our names, or A1111's labels ("Latent", "Latent (bicubic)", "Lanczos"), any case."""
+    if isinstance(text, str):
+        folded = text.strip().casefold()
+        name = _HIRES_LABELS.get(folded, folded.replace("latent (", "latent-").rstrip(")").replace(" ", "-"))
+        if name in HIRES_UPSCALERS:
+            return name
+    raise AnimaError(f"unknown hires upscaler {shown(text)}; choose one of {', '.join(HIRES_UPSCALERS)} "
+                     "(or A1111's Latent, Latent (bicubic), Latent (nearest-exact), Lanczos)")
 
 
 def resolve_seed(seed: int) -> int:
@@ -276,14 +437,24 @@ def check_text(name: str, value: object) -> None:
 
 def settings_of(params: GenerationParams) -> dict[str, Any]:
     """The settings that make the picture, as JSON values: what a resume state and a batch record hold."""
-    return {name: getattr(params, name) for name in SETTINGS} | {"loras": [r.as_json() for r in params.loras]}
+    settings = {name: getattr(params, name) for name in SETTINGS} | {"loras": [r.as_json() for r in params.loras]}
+    for name in IMAGE_SETTINGS:
+        if settings[name] is not None:
+            settings[name] = settings[name].as_json()
+    if params.outpaint is not None:
+        settings["outpaint"] = list(params.outpaint)
+    return settings
 
 
 def canonical_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     """settings_of()'s dict without the settings newer than job ids that are at the value earlier versions meant:
     what a batch job id hashes and a finished job's record is compared by."""
-    return {name: value for name, value in settings.items()
-            if not (name in LATER_THAN_JOB_IDS and value == LATER_SETTINGS[name])}
+    canonical = {name: value for name, value in settings.items()
+                 if not (name in LATER_THAN_JOB_IDS and value == LATER_SETTINGS[name])}
+    for name in IMAGE_SETTINGS:  # an image is the same job from any path: its bytes make the picture
+        if isinstance(canonical.get(name), dict):
+            canonical[name] = canonical[name].get("sha256")
+    return canonical
 
 
 def build(values: Mapping[str, Any], *, base: GenerationParams | None = None, native_size: int | None = None,
@@ -291,7 +462,8 @@ def build(values: Mapping[str, Any], *, base: GenerationParams | None = None, na
     """GenerationParams from a front end's values by setting name (a value of None: not given, the default).
 
     Over `base` when given (batch's defaults for its jobs), else over the defaults; width and height not given
-    (and not in `base`) are `native_size`, the size the model was trained at, when it says. The prompt's
+    (and not in `base`) are an init image's size (grown by the outpainting), else `native_size`, the size the
+    model was trained at, when it says. The prompt's
     <lora:NAME:SCALE> tags are taken out and their LoRAs (from `lora_dir`) follow the listed ones.
     Not validated yet: a resumed run fills in its state's settings first."""
     unknown = sorted(set(values) - set(_FIELDS))
@@ -303,8 +475,9 @@ def build(values: Mapping[str, Any], *, base: GenerationParams | None = None, na
         if parse is not None:
             given[name] = parse(value)
     if base is None:
-        for side in ("width", "height"):
-            given.setdefault(side, native_size or DEFAULT_SIZE)
+        sizes = _init_image_size(given)
+        for index, side in enumerate(("width", "height")):
+            given.setdefault(side, sizes[index] if sizes else native_size or DEFAULT_SIZE)
         params = GenerationParams(**({"prompt": ""} | given))
     else:
         params = dataclasses.replace(base, **given)
@@ -312,6 +485,19 @@ def build(values: Mapping[str, Any], *, base: GenerationParams | None = None, na
         prompt, tagged = prompt_loras(params.prompt, lora_dir)
         params = dataclasses.replace(params, prompt=prompt, loras=[*params.loras, *tagged])
     return params
+
+
+def _init_image_size(given: Mapping[str, Any]) -> tuple[int, int] | None:
+    """An init image's size grown by the outpainting, in multiples of 16 (at least 16): an img2img run's default
+    width and height. None without an init image to read."""
+    image = given.get("init_image")
+    if not isinstance(image, ImageInput) or image.data is None:
+        return None
+    width, height = image.size()
+    grow = given.get("outpaint")
+    if isinstance(grow, (list, tuple)) and len(grow) == 4 and all(isinstance(v, int) for v in grow):
+        width, height = width + grow[0] + grow[2], height + grow[1] + grow[3]
+    return max(16, width // 16 * 16), max(16, height // 16 * 16)
 
 
 def parse_seeds(text: str, most: int = MAX_SEEDS) -> list[int]:

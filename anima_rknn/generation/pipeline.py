@@ -1,6 +1,7 @@
-"""Text -> image, one stage at a time: each model is loaded only while its stage runs.
+"""Text (and an image) -> image, one stage at a time: each model is loaded only while its stage runs.
 
-encode (Qwen3, then the LLM adapter) -> denoise (sampler -> engine -> backend) -> decode (Wan VAE).
+encode (Qwen3, then the LLM adapter) -> [encode the init image (Wan VAE encoder)] -> denoise, one pass or two
+with the hires fix (sampler -> engine -> backend) -> decode (Wan VAE) -> [paste back into the init image].
 Every front end drives this object through the generation layer (params -> pipeline -> result); nothing here
 prints.
 """
@@ -20,7 +21,7 @@ from ..core.cpu_speed import AUTO
 from ..core.files import cached_sha256
 from ..core.memory import available_bytes, return_freed_memory
 from ..core.tensorfile import fingerprint, read_shapes
-from ..engine import RknnOptions, make_engine, subgraph_manifest
+from ..engine import RknnOptions, make_engine, subgraph_manifest, vae_tiles
 from ..engine.vae_auto import choose_vae_backend
 from ..engine.vae_tiles import open_tile_decoder, vae_set_manifest
 from ..errors import AnimaError
@@ -29,12 +30,23 @@ from ..model.io import load_dit, load_llm_adapter, read_dit_config
 from ..model.lora import Lora, LoraRef, lora_fingerprints, open_loras
 from ..model.model_set import ModelFiles
 from ..sampling.caches import make_cache
-from ..sampling.sample import StepCallback, sample
+from ..sampling.inpaint import Inpaint
+from ..sampling.sample import StepCallback, StepEvent, sample
 from ..sampling.samplers import SAMPLERS, call_sigmas
 from ..text import PromptTokenizer, load_text_encoder, qwen3_config_from_shapes
 from ..vae import decode_tiled, load_vae, read_vae_config
-from ..vae.tiling import plan_tiling
-from .params import DTYPES, MAX_PROMPT_TOKENS, GenerationParams
+from ..vae.tiling import encode_tiled, plan_encode_tiling, plan_tiling
+from .image_to_image import (
+    Source,
+    finish,
+    noised,
+    prepare_source,
+    start_latent,
+    upscale_image,
+    upscale_latent,
+)
+from .images import image_to_tensor
+from .params import DTYPES, MAX_PROMPT_TOKENS, DenoisePass, GenerationParams
 from .result import Conditioning, DecodePlan, Denoised, GenerationResult
 
 if TYPE_CHECKING:
@@ -43,8 +55,44 @@ if TYPE_CHECKING:
 
 def initial_noise(seed: int, width: int, height: int, channels: int = 16) -> np.ndarray:
     """The same noise on every machine: torch's CPU generator, float32."""
+    return noise_draws(seed, [(width, height)], channels)[0]
+
+
+def noise_draws(seed: int, sizes: list[tuple[int, int]], channels: int = 16) -> list[np.ndarray]:
+    """Latent noises for width x height images drawn one after another from one generator of `seed`: the first
+    is initial_noise's; the next ones are an inpainting's latent-noise fill or the hires pass's noise (A1111 also
+    draws its hires noise next from the run's generator)."""
     generator = torch.Generator(device="cpu").manual_seed(seed)
-    return torch.randn((1, channels, height // 8, width // 8), generator=generator).numpy()
+    return [torch.randn((1, channels, height // 8, width // 8), generator=generator).numpy()
+            for width, height in sizes]
+
+
+def pass_seed(seed: int, stream: int) -> int:
+    """The sampler noise's key of a pass: the seed for the first, apart from it (above every seed) for the
+    hires pass, so the two passes never draw the same noise at the same step."""
+    return seed | (stream << 64)
+
+
+@dataclasses.dataclass
+class PassStart:
+    """Where one denoising pass starts: its latent (None: taken from the resume state) and, inpainting, the
+    part it keeps."""
+
+    index: int
+    denoise_pass: DenoisePass
+    latent: np.ndarray | None
+    inpaint: Inpaint | None = None
+
+
+@dataclasses.dataclass
+class Rendered:
+    """All the passes of a run and its picture (None when the last latent is not finite)."""
+
+    denoised: Denoised  # the last pass, the one that makes the picture
+    first_pass: Denoised | None  # the hires fix's first pass (None: a run of one pass, or resumed in the second)
+    image: Image.Image | None
+    decode_s: float
+    vae_encode_s: float  # the init image's (or the hires fix's Lanczos-upscaled picture's) VAE encode
 
 
 class AnimaPipeline:
@@ -127,19 +175,26 @@ class AnimaPipeline:
         return conditioning
 
     def denoise(self, conditioning: Conditioning, params: GenerationParams, *, on_step: StepCallback | None = None,
-                resume: ResumeState | None = None) -> Denoised:
-        """The sampler loop on the split engine; `resume` continues a stopped run from its state."""
+                resume: ResumeState | None = None, start: PassStart | None = None) -> Denoised:
+        """One sampler pass on the split engine: `start`'s (default: a text-to-image run's first, from its
+        initial noise); `resume` continues it from a stopped run's state."""
         params.validate()
-        sampler, sigmas = SAMPLERS[params.sampler], params.sigmas()
-        cache = make_cache(params.cache, params.model_calls(sigmas), params.cache_options)
+        if start is None:
+            if params.init_image is not None:
+                raise AnimaError("an image-to-image pass starts from its encoded image: run it with generate()")
+            start = PassStart(0, params.passes()[0], initial_noise(params.seed, params.width, params.height))
+        denoise_pass, sampler = start.denoise_pass, SAMPLERS[params.sampler]
+        sigmas = denoise_pass.sigmas
+        cache = make_cache(denoise_pass.cache, params.model_calls(sigmas), denoise_pass.cache_options)
         if resume is None:
-            first, x, sampler_state = 0, initial_noise(params.seed, params.width, params.height), None
+            first, x, sampler_state = 0, start.latent, None
         else:
             cache.restore(resume.cache_state)
             first, x, sampler_state = resume.step, resume.latent, resume.sampler_state
         dit = self._load_dit(params.dtype, self.open_loras(params.loras, params.lora_ignore_unmatched))
-        engine = make_engine(dit, params.backend, subgraphs=params.subgraphs, width=params.width,
-                             height=params.height, dit_path=self.files.dit, rknn=params.rknn)
+        engine = make_engine(dit, params.backend, subgraphs=params.subgraphs if start.index == 0
+                             else params.hires_subgraphs, width=denoise_pass.width, height=denoise_pass.height,
+                             dit_path=self.files.dit, rknn=params.rknn)
         cfg = params.cfg
 
         def denoise(x: np.ndarray, sigma: float) -> np.ndarray:
@@ -151,17 +206,18 @@ class AnimaPipeline:
                     v = v_uncond + cfg * (v - v_uncond)
             return (latent - sigma * v).numpy()
 
-        start = time.perf_counter()
+        began = time.perf_counter()
         try:
             if not self.keep_dit:  # a one-off run: its sigmas and prompts are fixed, free what only they need
                 engine.fix_run(list(dict.fromkeys(call_sigmas(sampler, sigmas, first))),
                                [conditioning.positive, conditioning.negative][: 1 + (cfg != 1.0)])
                 return_freed_memory()
-            sampled = sample(sampler, denoise, x, sigmas, cache, on_step, seed=params.seed, eta=params.eta_value,
-                             s_noise=params.s_noise_value, start=first, state=sampler_state)
+            sampled = sample(sampler, denoise, x, sigmas, cache, on_step, seed=pass_seed(params.seed,
+                             denoise_pass.stream), eta=params.eta_value, s_noise=params.s_noise_value, start=first,
+                             state=sampler_state, inpaint=start.inpaint)
         finally:
             engine.close()
-        elapsed = time.perf_counter() - start + (resume.denoise_s if resume is not None else 0.0)
+        elapsed = time.perf_counter() - began + (resume.denoise_s if resume is not None else 0.0)
         passes, subgraph_runs = engine.passes, engine.subgraph_runs
         del dit, engine, denoise  # the step function holds the engine too
         return_freed_memory()
@@ -193,34 +249,86 @@ class AnimaPipeline:
         array = (pixels[0].permute(1, 2, 0).clamp(0, 1).numpy() * 255).round().astype(np.uint8)
         return Image.fromarray(array), time.perf_counter() - start
 
+    def encode_image(self, image: Image.Image, plan: DecodePlan,
+                     rknn: RknnOptions = RknnOptions()) -> tuple[np.ndarray, float]:
+        """An RGB image as the DiT's normalised latent, on the plan's VAE backend: on torch in one piece or in
+        `plan.encode_tile` tiles, on onnx / rknn in the tiles of the VAE set's encoder."""
+        start = time.perf_counter()
+        pixels = image_to_tensor(image)
+        if plan.backend == "torch":
+            encoder = load_vae(self.files.vae, decode_only=False)
+        else:
+            manifest = vae_set_manifest(plan.backend, plan.subgraphs, self.files.vae, image.width, image.height,
+                                        encoder=True)
+            encoder = vae_tiles.open_tile_encoder(plan.backend, plan.subgraphs, manifest, rknn)
+        try:
+            with torch.no_grad():
+                z = (encoder.encode(pixels) if plan.encode_tile is None
+                     else encode_tiled(encoder, pixels, plan.encode_tile, plan.overlap))
+        finally:
+            if plan.backend != "torch":
+                encoder.close()
+        del encoder
+        return_freed_memory()
+        if not bool(torch.isfinite(z).all()):
+            raise AnimaError(f"the VAE encoded the init image to non-finite values (NaN/Inf): check "
+                             f"{self.files.vae.name}; no image was written")
+        return np.ascontiguousarray(z.numpy(), dtype=np.float32), time.perf_counter() - start
+
     def prepare(self, params: GenerationParams) -> DecodePlan:
-        """Everything about a run that can be checked before the models load: the settings, the subgraph set
-        (fits this DiT and resolution), and the VAE decode's memory. Returns how the run decodes: the VAE tile
-        size (None: one piece), chosen from a memory estimate against the free memory (what cannot fit is refused
-        here), and the VAE backend.
+        """Everything about a run that can be checked before the models load: the settings, the init image and
+        mask (read and checked), the subgraph sets (they fit this DiT and each pass's resolution), and the VAE's
+        memory. Returns how the run decodes its picture and encodes its image: the VAE tile sizes (None: one
+        piece), chosen from memory estimates against the free memory (what cannot fit is refused here), and the
+        VAE backend.
         The LoRAs are matched to this DiT, and an exported set must have been baked with the same ones.
         --vae-backend auto is decided here (probed, and its ONNX set exported, before any denoising)."""
         params.validate()
-        loras = self.open_loras(params.loras, params.lora_ignore_unmatched)
-        subgraph_manifest(self.dit_config, params.subgraphs, params.backend, self.files.dit, params.width,
-                          params.height, loras=[lora.identity() for lora in loras])
+        loras = [lora.identity() for lora in self.open_loras(params.loras, params.lora_ignore_unmatched)]
+        passes = params.passes()
+        for index, denoise_pass in enumerate(passes):
+            subgraphs = params.subgraphs if index == 0 else params.hires_subgraphs
+            if index and params.backend != "torch" and subgraphs is None:
+                raise AnimaError(f"the hires pass on the {params.backend} backend runs a subgraph set made for "
+                                 f"{denoise_pass.width}x{denoise_pass.height}: pass it with --hires-subgraphs DIR")
+            subgraph_manifest(self.dit_config, subgraphs, params.backend, self.files.dit, denoise_pass.width,
+                              denoise_pass.height, loras=loras)
+        prepare_source(params)
+        plan = self._vae_plan(params, passes[-1].width, passes[-1].height)
+        encode_size = ((params.width, params.height) if params.init_image is not None
+                       else (passes[-1].width, passes[-1].height) if params.hires and params.hires_upscaler == "lanczos"
+                       else None)
+        if encode_size is not None:
+            plan = dataclasses.replace(plan, encode_tile=self._encode_tile(params, plan, *encode_size))
+        if params.hires and params.hires_upscaler == "lanczos":
+            self._vae_plan(params, params.width, params.height)  # the first pass's picture decodes too
+        return plan
+
+    def _vae_plan(self, params: GenerationParams, width: int, height: int) -> DecodePlan:
+        """How a width x height picture decodes (prepare()'s plan, at that size)."""
         if params.vae_backend == AUTO:
-            torch_tile = plan_tiling(self.vae_config, params.width, params.height, params.vae_tiling,
-                                     params.vae_tile, available_bytes())
-            backend, subgraphs = choose_vae_backend(self.files.vae, params.width, params.height, params.vae_tile,
+            torch_tile = plan_tiling(self.vae_config, width, height, params.vae_tiling, params.vae_tile,
+                                     available_bytes())
+            backend, subgraphs = choose_vae_backend(self.files.vae, width, height, params.vae_tile,
                                                     params.vae_overlap, tiling=params.vae_tiling != "off",
                                                     torch_tile=torch_tile)
             # onnx runs its set's tiles (an image of one tile is one tile): less memory than torch's plan.
             return DecodePlan(torch_tile if backend == "torch" else params.vae_tile, params.vae_overlap, backend,
                               subgraphs)
-        vae_set = vae_set_manifest(params.vae_backend, params.vae_subgraphs, self.files.vae, params.width,
-                                   params.height)
+        vae_set = vae_set_manifest(params.vae_backend, params.vae_subgraphs, self.files.vae, width, height)
         if vae_set is not None and vae_set["tile"] != params.vae_tile:
             raise AnimaError(f"the VAE set in {params.vae_subgraphs} decodes {vae_set['tile']}-px tiles, asked for "
                              f"{params.vae_tile}: pass --vae-tile-size {vae_set['tile']} or export another set")
-        tile = plan_tiling(self.vae_config, params.width, params.height,
-                           "on" if vae_set is not None else params.vae_tiling, params.vae_tile, available_bytes())
+        tile = plan_tiling(self.vae_config, width, height, "on" if vae_set is not None else params.vae_tiling,
+                           params.vae_tile, available_bytes())
         return DecodePlan(tile, params.vae_overlap, params.vae_backend, params.vae_subgraphs)
+
+    def _encode_tile(self, params: GenerationParams, plan: DecodePlan, width: int, height: int) -> int | None:
+        """The tile a width x height image encodes in on the plan's backend (None: one piece, on torch)."""
+        if plan.backend == "torch":
+            return plan_encode_tiling(self.vae_config, width, height, params.vae_tiling, params.vae_tile,
+                                      available_bytes())
+        return vae_set_manifest(plan.backend, plan.subgraphs, self.files.vae, width, height, encoder=True)["tile"]
 
     def fingerprints(self, params: GenerationParams) -> dict[str, str | None]:
         """What a resume state remembers of the model: the three checkpoint files (checkpoint.fingerprint) and
@@ -235,9 +343,9 @@ class AnimaPipeline:
 
     def generate(self, params: GenerationParams, on_step: StepCallback | None = None, *,
                  checkpoints: Checkpoints | None = None, resume: ResumeState | None = None) -> GenerationResult:
-        """encode -> denoise -> decode. `checkpoints` writes resume states as the run goes (and ends it with
-        Interrupted when its stop() turns true); `resume` continues a stopped run, refused unless it was made
-        with these settings and model files."""
+        """encode -> denoise (every pass) -> decode. `checkpoints` writes resume states as the run goes (and ends
+        it with Interrupted when its stop() turns true); `resume` continues a stopped run, refused unless it was
+        made with these settings, images and model files."""
         if not isinstance(params, GenerationParams):
             raise AnimaError("generate takes a GenerationParams")
         plan = self.prepare(params)
@@ -250,12 +358,82 @@ class AnimaPipeline:
             conditioning = self._encode_once(params)
         if checkpoints is not None:
             checkpoints.stop_before_denoising(params.steps)
-            on_step = checkpoints.listener(params, fingerprints, conditioning, on_step, resume)
-        denoised = self.denoise(conditioning, params, on_step=on_step, resume=resume)
+        rendered = self.render(conditioning, params, plan, on_step, checkpoints=checkpoints,
+                               fingerprints=fingerprints, resume=resume)
+        return GenerationResult(rendered.image, rendered.denoised.sample.latent, params, conditioning,
+                                rendered.denoised, rendered.decode_s, plan.backend, self.files.dit.name,
+                                first_pass=rendered.first_pass, vae_encode_s=rendered.vae_encode_s)
+
+    def render(self, conditioning: Conditioning, params: GenerationParams, plan: DecodePlan,
+               on_step: StepCallback | None = None, *, checkpoints: Checkpoints | None = None,
+               fingerprints: dict[str, str | None] | None = None, resume: ResumeState | None = None) -> Rendered:
+        """Every denoising pass of `params` from the encoded prompts, then the picture (pasted back into the
+        init image when inpainting). The step events count the steps of all passes together."""
+        source = prepare_source(params)
+        passes = params.passes()
+        first = resume.pass_index if resume is not None else 0
+        done: list[Denoised] = []
+        latent: np.ndarray | None = None
+        vae_encode_s = 0.0
+        for index in range(first, len(passes)):
+            resumed = resume if index == first else None
+            start, encode_s = self._pass_start(params, plan, passes, index, source, latent, resumed)
+            vae_encode_s += encode_s
+            listener = _pass_progress(on_step, passes, index)
+            if checkpoints is not None:
+                listener = checkpoints.listener(params, fingerprints, conditioning, listener, resumed, index)
+            done.append(self.denoise(conditioning, params, on_step=listener, resume=resumed, start=start))
+            latent = done[-1].sample.latent
+            if not done[-1].sample.finite:
+                break
         image, decode_s = None, 0.0
-        if denoised.sample.finite:  # never decode (and never save) a latent with NaN/Inf in it
-            image, decode_s = self.decode(denoised.sample.latent, plan, params.rknn)
-        return GenerationResult(image, denoised.sample.latent, params, conditioning, denoised, decode_s, plan.backend,
-                                self.files.dit.name)
+        if done[-1].sample.finite and len(done) == len(passes) - first:  # never decode a latent with NaN/Inf
+            image, decode_s = self.decode(done[-1].sample.latent, plan, params.rknn)
+            image = finish(image, source)
+        return Rendered(done[-1], done[0] if len(done) > 1 else None, image, decode_s, vae_encode_s)
+
+    def _pass_start(self, params: GenerationParams, plan: DecodePlan, passes: list[DenoisePass], index: int,
+                    source: Source | None, previous: np.ndarray | None,
+                    resumed: ResumeState | None) -> tuple[PassStart, float]:
+        """Pass `index`'s start and the seconds its VAE encode took: noise (txt2img), the init image encoded and
+        noised (img2img, inpainting), or the first pass upscaled and noised (hires). A resumed pass starts from
+        its state's latent; an inpainting one encodes its image again for the part it keeps."""
+        denoise_pass = passes[index]
+        if index == 0 and source is None:
+            return PassStart(0, denoise_pass, None if resumed else initial_noise(params.seed, params.width,
+                                                                                  params.height)), 0.0
+        if resumed is not None and (index > 0 or source.mask is None):
+            return PassStart(index, denoise_pass, None), 0.0
+        sigma = float(denoise_pass.sigmas[0])
+        if index == 0:
+            latent, encode_s = self.encode_image(source.image, plan, params.rknn)
+            noise, content_noise = noise_draws(params.seed, [(denoise_pass.width, denoise_pass.height)] * 2)
+            x, inpaint = start_latent(latent, noise, sigma, source, params, content_noise)
+            return PassStart(0, denoise_pass, x, inpaint), encode_s
+        encode_s = 0.0
+        if params.hires_upscaler == "lanczos":
+            image, _ = self.decode(previous, self._vae_plan(params, passes[0].width, passes[0].height), params.rknn)
+            latent, encode_s = self.encode_image(upscale_image(image, denoise_pass.width, denoise_pass.height), plan,
+                                                 params.rknn)
+        else:
+            latent = upscale_latent(previous, denoise_pass.width, denoise_pass.height, params.hires_upscaler)
+        noise = noise_draws(params.seed, [(passes[0].width, passes[0].height),
+                                          (denoise_pass.width, denoise_pass.height)])[1]
+        return PassStart(index, denoise_pass, noised(latent, noise, sigma)), encode_s
 
 
+def _pass_progress(on_step: StepCallback | None, passes: list[DenoisePass], index: int) -> StepCallback | None:
+    """`on_step` told pass `index`'s events as steps of the whole run: numbered after the earlier passes' steps,
+    out of all passes', the ETA with the later passes' steps at this pass's step time scaled by their pixels."""
+    if on_step is None or len(passes) == 1:
+        return on_step
+    before, total = sum(p.steps_run for p in passes[:index]), sum(p.steps_run for p in passes)
+    pixels = passes[index].width * passes[index].height
+    later = sum(p.steps_run * p.width * p.height for p in passes[index + 1:]) / pixels
+
+    def listen(event: StepEvent) -> None:
+        per_step = event.elapsed_s / max(1, event.step)
+        on_step(dataclasses.replace(event, step=before + event.step, total=total,
+                                    eta_s=event.eta_s + per_step * later))
+
+    return listen

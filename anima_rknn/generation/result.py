@@ -22,7 +22,7 @@ from ..model.lora import lora_tag
 from ..sampling.sample import SampleResult
 from ..sampling.samplers import SAMPLERS
 from ..sampling.schedule import SCHEDULE_LABELS
-from .params import GenerationParams
+from .params import DenoisePass, GenerationParams
 
 
 @dataclasses.dataclass
@@ -46,12 +46,13 @@ class Denoised:
 class DecodePlan:
     """How a run's latent becomes its image, fixed by prepare() before any denoising: in one piece (tile None)
     or in `tile`-px tiles overlapping by `overlap`, on `backend` (torch, or onnx / rknn running the VAE set in
-    `subgraphs`); never auto, which prepare() resolves."""
+    `subgraphs`); never auto, which prepare() resolves. An image-to-image run encodes on the same backend."""
 
     tile: int | None = None
     overlap: int = 64
     backend: str = "torch"
     subgraphs: Path | None = None
+    encode_tile: int | None = None  # an init image's encode, in these tiles (None: one piece, or no encode)
 
 
 @dataclasses.dataclass
@@ -64,15 +65,20 @@ class GenerationResult:
     decode_s: float
     vae_backend: str | None = None  # the VAE backend that decoded (DecodePlan.backend); None: params.vae_backend
     model: str = "anima"  # the DiT file's name, as the PNG's `parameters` names the model
+    first_pass: Denoised | None = None  # the hires fix's first pass; `denoised` is the pass that made the picture
+    vae_encode_s: float = 0.0  # the init image's VAE encode (and a Lanczos hires fix's)
 
     @property
     def finite(self) -> bool:
         return self.denoised.sample.finite
 
     def timings(self) -> dict[str, float]:
-        denoise_s = self.denoised.denoise_s
-        return {"encode_s": self.conditioning.encode_s, "denoise_s": denoise_s, "decode_s": self.decode_s,
-                "total_s": denoise_s + self.decode_s}
+        denoise_s = sum(d.denoise_s for d in self.denoised_passes())
+        return {"encode_s": self.conditioning.encode_s, "vae_encode_s": self.vae_encode_s, "denoise_s": denoise_s,
+                "decode_s": self.decode_s, "total_s": self.vae_encode_s + denoise_s + self.decode_s}
+
+    def denoised_passes(self) -> list[Denoised]:
+        return [self.denoised] if self.first_pass is None else [self.first_pass, self.denoised]
 
     def summary(self, image: str | None) -> dict[str, Any]:
         """The one result record: `generate --json` prints it, a server job and a batch result line report it.
@@ -90,12 +96,42 @@ class GenerationResult:
             "cache_options": params.cache_options,
             "loras": [{"name": ref.name, **ref.as_json()} for ref in params.loras],
             "timings": {k: round(v, 4) for k, v in self.timings().items()},
-            "transformer_passes": self.denoised.transformer_passes, "subgraph_runs": self.denoised.subgraph_runs,
+            "transformer_passes": sum(d.transformer_passes for d in self.denoised_passes()),
+            "subgraph_runs": sum(d.subgraph_runs for d in self.denoised_passes()),
             "computed_steps": sample.computed_steps, "skipped_steps": sample.skipped_steps,
             "recomputed_steps": sample.recomputed_steps,
             "cache_error_estimate": sample.error_estimate,  # None: the cache does not measure itself
             "finite": self.finite,
-        }
+            "image_size": list(self.image.size) if self.image is not None else None,
+            "passes": [self._pass_record(p, d) for p, d in zip(params.passes()[-len(self.denoised_passes()):],
+                                                               self.denoised_passes())],
+        } | self._image_to_image()
+
+    @staticmethod
+    def _pass_record(denoise_pass: DenoisePass, denoised: Denoised) -> dict[str, Any]:
+        """One denoising pass as the record lists it: its size, schedule and steps run, and what its cache did."""
+        return {"width": denoise_pass.width, "height": denoise_pass.height, "steps": denoise_pass.steps,
+                "start": denoise_pass.start, "steps_run": denoise_pass.steps_run, "cache": denoise_pass.cache,
+                "transformer_passes": denoised.transformer_passes,
+                "computed_steps": denoised.sample.computed_steps, "skipped_steps": denoised.sample.skipped_steps,
+                "denoise_s": round(denoised.denoise_s, 4)}
+
+    def _image_to_image(self) -> dict[str, Any]:
+        """The image-to-image settings a record names, when the run used them."""
+        params, record = self.params, {}
+        if params.init_image is not None:
+            record |= {"init_image": params.init_image.as_json(), "strength": params.strength,
+                       "resize_mode": params.resize_mode}
+        if params.mask is not None or params.outpaint is not None:
+            record |= {"mask": params.mask.as_json() if params.mask else None, "mask_blur": params.mask_blur,
+                       "invert_mask": params.invert_mask, "masked_content": params.masked_content,
+                       "inpaint_area": params.inpaint_area, "inpaint_padding": params.inpaint_padding,
+                       "outpaint": list(params.outpaint) if params.outpaint else None}
+        if params.hires:
+            record |= {"hires": {"width": params.hires_size()[0], "height": params.hires_size()[1],
+                                 "steps": params.passes()[-1].steps, "upscaler": params.hires_upscaler,
+                                 "strength": params.strength, "cache": params.passes()[-1].cache}}
+        return record
 
 
 def call_noun(model_calls: int, steps: int) -> str:
@@ -114,6 +150,7 @@ def png_parameters(params: GenerationParams, model_name: str, result: Generation
         fields.append(f"Eta: {params.eta}")
     if params.s_noise is not None and params.s_noise != 1.0:
         fields.append(f"Sigma noise: {params.s_noise}")
+    fields += _image_to_image_fields(params)
     fields += [f"Shift: {params.shift}", f"Dtype: {params.dtype}", f"Backend: {params.backend}",
                f"Cache: {params.cache}"]
     if params.cache_options:
@@ -132,6 +169,42 @@ def png_parameters(params: GenerationParams, model_name: str, result: Generation
         hashes = ", ".join(f"{ref.name}: {cached_sha256(ref.path)[:12]}" for ref in params.loras)
         fields.append(f'Lora hashes: "{hashes}"')
     return f"{prompt}\nNegative prompt: {params.negative}\n" + ", ".join(fields)
+
+
+_MASKED_CONTENT_LABELS = {"fill": "fill", "original": "original", "latent_noise": "latent noise",
+                          "latent_nothing": "latent nothing"}
+_UPSCALER_LABELS = {"latent": "Latent", "latent-bicubic": "Latent (bicubic)",
+                    "latent-nearest-exact": "Latent (nearest-exact)", "lanczos": "Lanczos"}
+_RESIZE_LABELS = {"just_resize": "Just resize", "crop_and_resize": "Crop and resize",
+                  "resize_and_fill": "Resize and fill"}
+
+
+def _image_to_image_fields(params: GenerationParams) -> list[str]:
+    """The img2img, inpainting and hires fields under A1111's keys (ours where A1111 has none: Outpaint, Hires
+    cache), each only where the run used it, as A1111 writes them."""
+    fields = []
+    if params.init_image is not None or params.hires:
+        fields.append(f"Denoising strength: {params.strength}")
+    if params.init_image is not None and params.resize_mode != "just_resize":
+        fields.append(f"Resize mode: {_RESIZE_LABELS[params.resize_mode]}")
+    if params.mask is not None or params.outpaint is not None:
+        fields += [f"Mask blur: {params.mask_blur}", f"Masked content: {_MASKED_CONTENT_LABELS[params.masked_content]}"]
+        if params.invert_mask:
+            fields.append("Mask mode: Inpaint not masked")
+        if params.inpaint_area == "masked":
+            fields += ["Inpaint area: Only masked", f"Masked area padding: {params.inpaint_padding}"]
+        if params.outpaint is not None:
+            fields.append("Outpaint: " + ",".join(str(side) for side in params.outpaint))
+    if params.hires:
+        width, height = params.hires_size()
+        fields.append(f"Hires resize: {width}x{height}" if params.hires_width or params.hires_height
+                      else f"Hires upscale: {params.hires_scale}")
+        if params.hires_steps:
+            fields.append(f"Hires steps: {params.hires_steps}")
+        fields.append(f"Hires upscaler: {_UPSCALER_LABELS[params.hires_upscaler]}")
+        if params.passes()[-1].cache != params.cache:
+            fields.append(f"Hires cache: {params.passes()[-1].cache}")
+    return fields
 
 
 class NotFinite(AnimaError):

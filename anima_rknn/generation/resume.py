@@ -4,7 +4,10 @@ A state is one safetensors file (written through the output module, so always wh
 last finished step, both prompts' DiT contexts, the cache's stored x0, the sampler's history (the x0 a multistep
 sampler reads again), and one JSON record in its metadata with the format version, every generation setting,
 fingerprints of the model files and the subgraph set, the step index and the cache's schedule. A stochastic
-sampler's noise is not stored: it is drawn again from (seed, step). Nothing in it is a path we open or a pickle:
+sampler's noise is not stored: it is drawn again from (seed, step). An init image and mask are not stored either,
+only their sha256 among the settings: a resumed image-to-image run is given the same files again, refused when
+they differ, and encodes them again (a hires state names the pass it stopped in). Nothing in it is a path we
+open or a pickle:
 resuming reads tensors and JSON only, and every value is checked before use.
 
 Prompt contexts are stored rather than re-encoded: 4 MiB at Anima's 512 x 1024 x 2 in float32 against loading
@@ -31,7 +34,7 @@ from ..errors import AnimaError
 from ..sampling.caches import make_cache
 from ..sampling.sample import StepCallback, StepEvent
 from ..sampling.samplers import SAMPLERS, history_layout
-from .params import LATER_SETTINGS, SETTINGS, GenerationParams, settings_of
+from .params import LATER_SETTINGS, SETTINGS, DenoisePass, GenerationParams, settings_of
 from .result import Conditioning
 
 STATE_FORMAT = "anima-rknn-resume/1"
@@ -73,6 +76,7 @@ class ResumeState:
     cache_state: dict[str, Any]
     sampler_state: dict[str, Any]  # the sampler's history and the refused forecasts so far (StepEvent's)
     denoise_s: float  # denoising time spent before the stop
+    pass_index: int = 0  # the denoising pass it stopped in (1: the hires fix's second); `step` counts its steps
 
     def check_settings(self, params: GenerationParams) -> None:
         """Refuse, naming the first difference, a run asking for other settings than the state was made with."""
@@ -109,12 +113,12 @@ def _stored(prefix: str, state: dict[str, Any], tensors: dict[str, torch.Tensor]
 
 
 def write_state(path: Path, params: GenerationParams, fingerprints: dict[str, str | None], event: StepEvent,
-                conditioning: Conditioning, denoise_s: float) -> None:
+                conditioning: Conditioning, denoise_s: float, pass_index: int = 0) -> None:
     tensors = {"latent": torch.from_numpy(np.ascontiguousarray(event.x)),
                "context.positive": conditioning.positive, "context.negative": conditioning.negative}
     sampler_state = event.sampler_state or {}
     record = {
-        "format": STATE_FORMAT, "step": event.step, "total": event.total,
+        "format": STATE_FORMAT, "pass": pass_index, "step": event.step, "total": event.total,
         "recomputed": list(sampler_state.get("recomputed", [])), "denoise_s": denoise_s,
         "fingerprints": fingerprints, "params": settings_of(params),
         "cache": _stored("cache", event.cache_state, tensors),
@@ -137,11 +141,15 @@ class Checkpoints:
         self.path, self.every, self.stop, self.warn = Path(path), every, stop, warn
 
     def listener(self, params: GenerationParams, fingerprints: dict[str, str | None], conditioning: Conditioning,
-                 on_step: StepCallback | None, resumed: ResumeState | None = None) -> StepCallback:
+                 on_step: StepCallback | None, resumed: ResumeState | None = None,
+                 pass_index: int = 0) -> StepCallback:
+        """The listener of denoising pass `pass_index`, whose own events it is given (their steps count that
+        pass's); `on_step` gets them after the state is written."""
         spent_before = resumed.denoise_s if resumed else 0.0
 
         def write(event: StepEvent) -> None:
-            write_state(self.path, params, fingerprints, event, conditioning, spent_before + event.elapsed_s)
+            write_state(self.path, params, fingerprints, event, conditioning, spent_before + event.elapsed_s,
+                        pass_index)
 
         def listen(event: StepEvent) -> None:
             last = event.step == event.total
@@ -206,12 +214,18 @@ def read_state(path: str | os.PathLike) -> ResumeState:
     except (TypeError, AnimaError) as e:
         raise AnimaError(f"{path}: the resume state's settings are invalid ({e})") from None
     step, total = _field(record, "step", int), _field(record, "total", int)
-    if total != params.steps or not 1 <= step < total:
-        raise AnimaError(f"{path}: the resume state's step {step} of {total} does not fit its {params.steps} steps")
+    passes = params.passes()
+    pass_index = record.get("pass", 0)  # a state written before the hires fix is of the one pass
+    if not is_int_in(pass_index, 0, len(passes) - 1):
+        raise AnimaError(f"{path}: the resume state's pass {shown(pass_index)} is not one its settings make")
+    denoise_pass = passes[pass_index]
+    if total != denoise_pass.steps_run or not 1 <= step < total:
+        raise AnimaError(f"{path}: the resume state's step {step} of {total} does not fit its "
+                         f"{denoise_pass.steps_run} steps")
     recomputed = _field(record, "recomputed", list)
     denoise_s = _field(record, "denoise_s", (int, float))
     fingerprints = _field(record, "fingerprints", dict)
-    sigmas = params.sigmas()
+    sigmas = denoise_pass.sigmas
     calls_done = params.model_calls(sigmas[: step + 1])
     if (not {"dit", "text_encoder", "vae", "subgraphs"} <= set(fingerprints) <= FINGERPRINTS
             or not all(v is None or isinstance(v, str) for v in fingerprints.values())
@@ -219,7 +233,7 @@ def read_state(path: str | os.PathLike) -> ResumeState:
         raise AnimaError(f"{path}: the resume state's record is damaged")
     tensors = {name: t.numpy() for name, t in load_tensors(path, "resume state", dtypes=("F32",)).items()}
     latent = tensors.pop("latent", None)
-    expected = (1, 16, params.height // 8, params.width // 8)
+    expected = (1, 16, denoise_pass.height // 8, denoise_pass.width // 8)
     if latent is None or latent.shape != expected or not np.isfinite(latent).all():
         raise AnimaError(f"{path}: the resume state's latent is missing, not {list(expected)} or not finite")
     contexts = [tensors.pop(f"context.{side}", None) for side in ("positive", "negative")]
@@ -232,24 +246,24 @@ def read_state(path: str | os.PathLike) -> ResumeState:
                            else None, tensors, path)
     if tensors:
         raise AnimaError(f"{path}: the resume state's cache arrays do not match its record")
-    _check_cache(params, cache_state, step, calls_done, latent.size, path)
+    _check_cache(params, denoise_pass, cache_state, step, calls_done, latent.size, path)
     layout = history_layout(SAMPLERS[params.sampler], sigmas, step)
     if {key: len(value) if isinstance(value, list) else None for key, value in history.items()} != layout or any(
             array.shape != latent.shape for arrays in history.values() for array in arrays):
         raise AnimaError(f"{path}: the resume state's sampler history does not fit {params.sampler} at step {step}")
     conditioning = Conditioning(torch.from_numpy(contexts[0]), torch.from_numpy(contexts[1]), 0.0)
     return ResumeState(params, fingerprints, step, latent, conditioning, cache_state,
-                       {"history": history, "recomputed": recomputed}, float(denoise_s))
+                       {"history": history, "recomputed": recomputed}, float(denoise_s), pass_index)
 
 
-def _check_cache(params: GenerationParams, state: dict[str, Any], step: int, calls: int, latent_size: int,
-                 path: Path) -> None:
+def _check_cache(params: GenerationParams, denoise_pass: DenoisePass, state: dict[str, Any], step: int, calls: int,
+                 latent_size: int, path: Path) -> None:
     """The cache state restores into this run's cache at exactly `step` finished steps (`calls` model calls done),
     every stored x0 the latent's size: checked now, before any model loads, and never more than an AnimaError."""
     if any(array.size != latent_size for value in state.values() if isinstance(value, list)
            for array in value if isinstance(array, np.ndarray)):
         raise AnimaError(f"{path}: the resume state's stored x0 are not the latent's size")
-    cache = make_cache(params.cache, params.model_calls(), params.cache_options)
+    cache = make_cache(denoise_pass.cache, params.model_calls(denoise_pass.sigmas), denoise_pass.cache_options)
     try:
         cache.restore(state)
     except AnimaError as e:

@@ -202,9 +202,9 @@ def flow_sigmas(steps: int, shift: float = 3.0, schedule: str = "simple") -> np.
 def strength_start(steps: int, strength: float) -> int:
     """The step an image-to-image run of `strength` starts at: the first of the `steps` steps whose sigma the
     init latent is noised to, as diffusers' get_timesteps computes it (its flow-matching img2img pipelines and
-    Anima's modular blocks). The run makes steps - start steps, round(steps x strength) or one less: 20 steps at
-    strength 0.5 run the last 10; at 0.75, the last 15; at 1, all 20 from pure noise. (A1111 runs one step more,
-    int(steps x strength) + 1, from the sigma one step earlier.)"""
+    Anima's modular blocks). The run makes steps - start steps, steps x strength rounded up: 20 steps at strength
+    0.5 run the last 10; 10 steps at 0.75, the last 8; at 1, all of them from pure noise. (A1111 runs
+    int(steps x strength) + 1 steps, from one sigma earlier.)"""
     require(is_integer(steps) and steps >= 1, f"steps must be a positive integer, got {steps!r}")
     require(is_number(strength) and 0 <= strength <= 1, f"strength must be from 0 to 1, got {shown(strength)}")
     return int(max(steps - min(steps * strength, steps), 0))

@@ -42,7 +42,8 @@ def test_every_field_is_in_the_table_with_help_and_a_known_kind():
     assert [name for name, _ in options()] == names
     for name, option in options():
         assert option.help.endswith(".") and option.kind in (
-            "int", "number", "text", "choice", "path", "bool", "cache_options", "loras", "rknn"), name
+            "int", "number", "text", "choice", "path", "bool", "cache_options", "loras", "rknn", "image",
+            "outpaint"), name
         if option.kind in ("int", "number"):
             assert option.low is not None and option.high is not None, name
         if option.kind == "choice":
@@ -87,8 +88,11 @@ def test_build_takes_the_models_size_the_values_given_and_lora_tags(tmp_path):
 
 def test_picture_settings_are_what_states_and_job_ids_hold():
     assert SETTINGS == ("prompt", "negative", "width", "height", "steps", "cfg", "seed", "shift", "scheduler",
-                        "sampler", "eta", "s_noise", "dtype", "cache", "cache_options", "backend", "vae_tiling", "vae_tile", "vae_overlap", "loras",
-                        "lora_ignore_unmatched")
+                        "sampler", "eta", "s_noise", "dtype", "cache", "cache_options", "backend", "vae_tiling",
+                        "vae_tile", "vae_overlap", "loras", "lora_ignore_unmatched", "init_image", "strength",
+                        "resize_mode", "mask", "mask_blur", "invert_mask", "masked_content", "inpaint_area",
+                        "inpaint_padding", "outpaint", "hires", "hires_scale", "hires_width", "hires_height",
+                        "hires_steps", "hires_upscaler", "hires_cache")
     # Settings newer than states or job ids are read back at the value earlier versions meant without naming it.
     assert set(LATER_SETTINGS) <= set(SETTINGS) and set(LATER_THAN_JOB_IDS) <= set(LATER_SETTINGS)
     settings = settings_of(GenerationParams(prompt="cat"))

@@ -2,7 +2,8 @@
 
 Both sides read the same tiny model set: ours through AnimaPipeline, diffusers through transformers' Qwen3Model,
 AnimaTextConditioner, CosmosTransformer3DModel and AutoencoderKLQwenImage loaded from the raw safetensors with
-the formats.md key tables. Same prompts, same initial noise, Euler over the same sigmas, CFG 4, fp32.
+the formats.md key tables. Same prompts, same initial noise, Euler over the same sigmas, CFG 4, fp32; and an
+img2img run through diffusers' Anima img2img blocks (same image, strength, noise).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from safetensors.torch import load_file
 
 from anima_rknn.demo.tiny_set import TEXT_ENCODERS, VAES, write_model_set
+from anima_rknn.generation.images import ImageInput
 from anima_rknn.generation.params import DEFAULT_NEGATIVE, GenerationParams
 from anima_rknn.generation.pipeline import AnimaPipeline, initial_noise
 from anima_rknn.model.config import PRESETS
@@ -150,3 +153,36 @@ def test_text_stage_with_real_tokenizers_matches_diffusers(real_tokenizer_set: M
     assert theirs["t5_input_ids"].shape[1] > 20  # a real tokenization, not a handful of <unk>
     assert _relative(ours.positive, theirs["prompt_embeds"]) < 1e-5
     assert _relative(ours.negative, theirs["negative_prompt_embeds"]) < 1e-5
+
+
+@pytest.mark.parametrize("strength", [0.5, 0.8])
+def test_img2img_matches_diffusers_anima_img2img_blocks(tiny_set: ModelFiles, tmp_path: Path, strength: float) -> None:
+    # diffusers 0.42's AnimaAutoBlocks take the img2img route when given an image: VAE encode (posterior mode),
+    # get_timesteps(strength) slices the schedule, scale_noise mixes the given noise in at the first kept sigma.
+    torch.manual_seed(0)
+    reference = AnimaAutoBlocks().init_pipeline()
+    reference.update_components(**_reference_components(tiny_set))
+    rng = np.random.default_rng(11)
+    pixels = np.clip(rng.normal(128, 50, (HEIGHT // 8, WIDTH // 8, 3)), 0, 255).astype(np.uint8)
+    picture = Image.fromarray(pixels).resize((WIDTH, HEIGHT), Image.Resampling.BICUBIC)  # smooth, not white noise
+    picture.save(tmp_path / "init.png")
+    noise = torch.from_numpy(initial_noise(SEED, WIDTH, HEIGHT))
+    theirs = reference(
+        prompt=PROMPT, negative_prompt=NEGATIVE, image=picture, strength=strength, height=HEIGHT, width=WIDTH,
+        sigmas=SIMPLE_T, latents=noise[:, :, None], output_type="np", output=["image_latents", "latents", "images"],
+    )  # fmt: skip
+
+    params = GenerationParams(prompt=PROMPT, negative=NEGATIVE, width=WIDTH, height=HEIGHT, steps=STEPS, cfg=CFG,
+                              seed=SEED, shift=SHIFT, dtype="fp32", vae_backend="torch",
+                              init_image=ImageInput.from_path(tmp_path / "init.png"), strength=strength)
+    pipeline = AnimaPipeline(tiny_set)
+    encoded, _ = pipeline.encode_image(picture, pipeline.prepare(params))
+    # The encoder: the same normalised posterior mean (fp32 both; summation order only).
+    assert _relative(encoded, theirs["image_latents"][:, :, 0]) < 1e-5
+    ours = pipeline.generate(params)
+    assert ours.summary(None)["passes"][0]["steps_run"] == STEPS - int(STEPS - STEPS * strength)
+    latent = theirs["latents"][:, :, 0].numpy()
+    # As the text-to-image parity above: fp32 on both sides, the same truncated Euler run.
+    assert _relative(ours.latent, latent) < 5e-5
+    assert np.abs(ours.latent - latent).max() < 5e-4
+    assert np.abs(np.asarray(ours.image, dtype=np.float64) - np.round(theirs["images"][0] * 255)).max() <= 1
