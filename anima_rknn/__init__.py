@@ -1,4 +1,4 @@
-"""Anima text-to-image on small machines. Imports are lazy so `anima_rknn.sampling.spectrum` works without torch."""
+"""Anima text-to-image (and image-to-image) on small machines. Imports are lazy so `anima_rknn.sampling.spectrum` works without torch."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ _EXPORTS = {
     "load_dit": "anima_rknn.model.io",
     "AnimaPipeline": "anima_rknn.generation.pipeline",
     "GenerationParams": "anima_rknn.generation.params",
+    "ImageInput": "anima_rknn.generation.images",
     "resolve_model": "anima_rknn.model.model_set",
     "Spectrum": "anima_rknn.sampling.spectrum",
     "AnimaError": "anima_rknn.errors",

@@ -23,6 +23,17 @@ def test_pipeline_from_a_model_directory(tiny_set):
     assert result.image.size == (64, 64) and result.finite
 
 
+def test_img2img_from_the_public_api(tiny_set, tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (80, 48), (200, 40, 40)).save(tmp_path / "in.png")
+    files = anima_rknn.resolve_model(tiny_set.dit.parents[2])
+    params = anima_rknn.GenerationParams(prompt="cat", steps=4, strength=0.5, width=80, height=48,
+                                         init_image=anima_rknn.ImageInput.from_path(tmp_path / "in.png"))
+    result = anima_rknn.AnimaPipeline(files).generate(params)
+    assert result.image.size == (80, 48) and result.summary(None)["passes"][0]["steps_run"] == 2
+
+
 def test_spectrum_imports_without_torch():
     code = ("import sys; sys.modules['torch'] = None; from anima_rknn import Spectrum; "
             "s = Spectrum(20); print(s.should_skip())")
