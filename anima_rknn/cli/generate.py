@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from ..core.files import check_output_file, json_text
 from ..errors import AnimaError
-from ..generation.params import MAX_STEPS, SETTINGS, GenerationParams
+from ..generation.params import IMAGE_SETTINGS, MAX_STEPS, SETTINGS, GenerationParams
 from ..generation.pipeline import AnimaPipeline
 from ..generation.result import NotFinite, call_noun
 from ..generation.resume import (
@@ -27,7 +27,7 @@ from ..model.model_set import resolve
 from ..sampling.sample import StepCallback, StepEvent
 from ..vae.preview import PreviewWriter
 from .group import cli
-from .options import cli_names, generation_options, params_from_cli
+from .options import cli_flags, cli_names, generation_options, params_from_cli
 from .signals import stop_on_signals
 
 
@@ -67,6 +67,7 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
         raise AnimaError("pass --prompt (or --resume STATE to continue a stopped run)")
     params = params_from_cli(files, settings)
     if resumed is not None:  # the state's settings, except where the command line says otherwise (then refused)
+        check_state_images(params, resumed, given, resume_path)
         params = settings_from_state(params, resumed, given)
     params.validate()
     out_path = check_output_file(Path(out), overwrite=overwrite, suffixes=(".png",))  # before minutes of work
@@ -85,8 +86,10 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
 
     runner = JobRunner(AnimaPipeline(files), checkpoint_every=checkpoint_every, warn=warn_once)
     bars: list[tqdm] = []  # opened at the first step, so that an error before it prints no empty bar
+    last: list[StepEvent] = []  # the last step event: its numbers count the steps of every pass
 
     def on_step(event: StepEvent) -> None:
+        last[:] = [event]
         if not bars:
             bars.append(tqdm(total=event.total, initial=event.step - 1, desc="denoise", unit="step",
                              file=sys.stderr, dynamic_ncols=True))
@@ -109,8 +112,10 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
         for bar in bars:
             bar.close()
     if stopped is not None:
+        # The last event counts the steps of every pass (the stop's own numbers are its pass's).
+        step, total = (last[0].step, last[0].total) if last else (stopped.step, stopped.total)
         click.echo("stopped before the first step; nothing to resume" if stopped.path is None else
-                   f"stopped after step {stopped.step}/{stopped.total}; resume with: anima-rknn generate "
+                   f"stopped after step {step}/{total}; resume with: anima-rknn generate "
                    f"--resume {shlex.quote(str(stopped.path))}", err=True)
         sys.exit(128 + stops[0])
 
@@ -118,12 +123,11 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
         click.echo(json_text(report))
     echo = (lambda s: click.echo(s, err=True)) if as_json else click.echo
     t = report["timings"]
-    calls = report["model_calls"]
-    computed = f"{len(report['computed_steps'])}/{calls} {call_noun(calls, params.steps)}"
-    echo(f"{'wrote ' + str(out_path) if failed is None else 'NO IMAGE WRITTEN'}: {params.width}x{params.height}, "
-         f"{params.steps} steps, cache {params.cache}: computed {computed}, "
+    encode_image = f"VAE encode {t['vae_encode_s']:.2f}s, " if t.get("vae_encode_s") else ""
+    echo(f"{'wrote ' + str(out_path) if failed is None else 'NO IMAGE WRITTEN'}: {size_text(params, report)}, "
+         f"{steps_text(params)}, {cache_text(params)}: computed {computed_text(params, report)}, "
          f"{report['transformer_passes']} transformer passes, {report['subgraph_runs']} subgraph runs; "
-         f"encode {t['encode_s']:.2f}s, denoise {t['denoise_s']:.2f}s, decode {t['decode_s']:.2f}s, "
+         f"encode {t['encode_s']:.2f}s, {encode_image}denoise {t['denoise_s']:.2f}s, decode {t['decode_s']:.2f}s, "
          f"total {t['total_s']:.2f}s (excl. encode)")
     if report["cache_error_estimate"] is not None:
         echo(f"cache error estimate: {report['cache_error_estimate']:.4f} (relative L2 distance of the latent from "
@@ -134,9 +138,77 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
         raise failed
 
 
+def size_text(params: GenerationParams, report: dict) -> str:
+    """The picture's size, and how it was made where that is not the size itself: the hires fix's first pass,
+    an only-masked inpainting's working size."""
+    passes = params.passes()
+    worked = f"{passes[-1].width}x{passes[-1].height}"
+    image = report.get("image_size")
+    made = worked if image is None else f"{image[0]}x{image[1]}"
+    if len(passes) > 1:
+        made += f" (hires fix of {passes[0].width}x{passes[0].height})"
+    if made.split(" ")[0] != worked:
+        made += f" (worked at {worked})"
+    return made
+
+
+def steps_text(params: GenerationParams) -> str:
+    """The steps each pass ran, honestly: an image-to-image pass runs the last round(steps x strength) of its
+    schedule ("10 of 20 steps (strength 0.5)"); the hires fix's passes are added ("20 steps + 15 of 20 hires
+    steps (strength 0.75)")."""
+    parts = []
+    for denoise_pass in params.passes():
+        noun = "hires steps" if denoise_pass.stream else "steps"
+        parts.append(f"{denoise_pass.steps} {noun}" if denoise_pass.start == 0 else
+                     f"{denoise_pass.steps_run} of {denoise_pass.steps} {noun} (strength {params.strength:g})")
+    return " + ".join(parts)
+
+
+def cache_text(params: GenerationParams) -> str:
+    caches = [denoise_pass.cache for denoise_pass in params.passes()]
+    return f"cache {caches[0]}" if len(set(caches)) == 1 else f"cache {caches[0]}, hires cache {caches[1]}"
+
+
+def computed_text(params: GenerationParams, report: dict) -> str:
+    """What each pass the record holds computed, of its model calls ("10/10 steps"; "20/20 + 15/15 steps")."""
+    passes = params.passes()[-len(report["passes"]):]  # a run resumed in the hires pass made only that one
+    parts = []
+    for denoise_pass, done in zip(passes, report["passes"]):
+        calls = params.model_calls(denoise_pass.sigmas)
+        parts.append((len(done["computed_steps"]), calls, call_noun(calls, denoise_pass.steps_run)))
+    nouns = {noun for _, _, noun in parts}
+    if len(nouns) == 1:
+        return " + ".join(f"{computed}/{calls}" for computed, calls, _ in parts) + f" {nouns.pop()}"
+    return " + ".join(f"{computed}/{calls} {noun}" for computed, calls, noun in parts)
+
+
+IMAGE_WORDS = {"init_image": "init image", "mask": "mask"}
+
+
+def check_state_images(params: GenerationParams, resumed: ResumeState, given: set[str], state: str) -> None:
+    """A state keeps its images by sha256 alone: a resumed image-to-image run is given the same files again. One
+    line naming the image it was made from when one is missing, different, or not the state's at all."""
+    for name in IMAGE_SETTINGS:
+        theirs, ours, flag = getattr(resumed.params, name), getattr(params, name), cli_flags(name)[0]
+        word = IMAGE_WORDS[name]
+        if theirs is None:
+            if ours is not None:
+                raise AnimaError(f"{state} was made without an {word}: drop {flag}" if name == "init_image" else
+                                 f"{state} was made without a {word}: drop {flag}")
+            continue
+        made = f"{shlex.quote(theirs.name)} (sha256 {theirs.sha256[:12]})"
+        if not cli_names(name) & given:
+            raise AnimaError(f"{state} was made from the {word} {made}: a state keeps only its fingerprint, so pass "
+                             f"it again with {flag} {shlex.quote(theirs.name)}")
+        if ours != theirs:
+            raise AnimaError(f"{flag} {shlex.quote(ours.name)} (sha256 {ours.sha256[:12]}) differs from the {word} "
+                             f"{state} was made from, {made}: pass that file")
+
+
 def settings_from_state(params: GenerationParams, resumed: ResumeState, given: set[str]) -> GenerationParams:
     """The state's settings; a setting also given on the command line must agree (check() names a difference)."""
-    taken = {name: getattr(resumed.params, name) for name in SETTINGS if not cli_names(name) & given}
+    taken = {name: getattr(resumed.params, name) for name in SETTINGS
+             if not cli_names(name) & given and name not in IMAGE_SETTINGS}  # the files given, checked before
     merged = dataclasses.replace(params, **taken)
     resumed.check_settings(merged)
     return merged

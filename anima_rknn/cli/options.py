@@ -3,7 +3,9 @@
 Every generation setting's flag, type, default and help come from GenerationParams' table: `setting_options`
 turns it into click options, `params_from_cli` turns their values back into GenerationParams. The structured
 settings have their usual spellings: --rknn-runtime/--rknn-budget/--rknn-core-mask, --cache-option plus one
---spectrum-KEY flag per numeric cache option (as stable-diffusion.cpp's), --lora FILE[:SCALE] repeated.
+--spectrum-KEY flag per numeric cache option (as stable-diffusion.cpp's), --lora FILE[:SCALE] repeated, an image
+(--init-img, --mask) as a file path, read and checked here (the CLI is local and trusted; a server never opens a
+path), --outpaint as LEFT,TOP,RIGHT,BOTTOM or one number for every side.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import click
 from ..core.cpu_speed import slow_dtype_warning
 from ..engine.backends.rknn import CORE_MASKS, RUNTIMES, RknnOptions
 from ..engine.memory_plan import parse_size
+from ..errors import AnimaError
+from ..generation.images import ImageInput
 from ..generation.params import GenerationParams, build, cli_flags, default, option, options
 from ..model.io import trained_image_size
 from ..model.lora import parse_lora_option
@@ -100,6 +104,12 @@ def _click_options(name: str) -> list[Callable[[F], F]]:
         return [click.option(*flags, name, default=None, help=opt.help)]
     if opt.kind == "bool":
         return [click.option(*flags, name, is_flag=True, help=opt.help)]
+    if opt.kind == "image":  # read and checked by setting_values, so that a bad file is one line and exit 1
+        return [click.option(*flags, name, type=click.Path(readable=False), default=None, metavar="FILE",
+                             help=opt.help)]
+    if opt.kind == "outpaint":
+        return [click.option(*flags, name, default=None, metavar="L,T,R,B",
+                             help=f"{opt.help} One number grows every side by it.")]
     kinds = {"int": int, "number": FINITE, "text": str, "path": click.Path(file_okay=False, path_type=Path)}
     kind = click.Choice(opt.choices) if opt.kind == "choice" else kinds[opt.kind]
     if opt.parse is not None:  # other spellings are taken too (build() makes them ours, or refuses in one line)
@@ -178,9 +188,35 @@ def setting_values(values: dict[str, Any]) -> dict[str, Any]:
             settings[name] = [parse_lora_option(text) for text in values["lora"]]
         elif name == "vae_tiling":
             settings[name] = TILING[values[name]]
+        elif opt.kind == "image":
+            settings[name] = None if values[name] is None else image_file(values[name], cli_flags(name)[0])
+        elif opt.kind == "outpaint":
+            settings[name] = None if values[name] is None else parse_outpaint(values[name])
         else:
             settings[name] = values[name]
     return settings
+
+
+def image_file(path: str | Path, flag: str) -> ImageInput:
+    """The image file a flag names, read and checked (ImageInput.from_path): a bad one is one line naming the flag."""
+    try:
+        return ImageInput.from_path(path)
+    except AnimaError as e:
+        raise AnimaError(f"{flag}: {e}") from None
+
+
+def parse_outpaint(text: str) -> tuple[int, int, int, int]:
+    """--outpaint "L,T,R,B" (pixels to grow the left, top, right and bottom sides by), or "N" for all four; the
+    range and "grows no side" are validate()'s."""
+    parts = [part.strip() for part in str(text).split(",")]
+    try:
+        sides = [int(part) for part in parts]
+    except ValueError:
+        sides = []
+    if len(sides) not in (1, 4):
+        raise AnimaError(f"--outpaint takes LEFT,TOP,RIGHT,BOTTOM pixel counts (such as 64,0,64,0) or one count for "
+                         f"every side, got {text!r}")
+    return tuple(sides * 4 if len(sides) == 1 else sides)
 
 
 def params_from_cli(files: ModelFiles, values: dict[str, Any]) -> GenerationParams:
