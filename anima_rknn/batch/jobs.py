@@ -1,6 +1,11 @@
 """A batch's jobs: read from a JSONL file (one generation's settings per line) or a plain list of prompts
 crossed with seeds, every job checked as `generate` checks its options, and each named by a hash of its
 settings and model files, so that a second run of the same command knows which images it already has.
+
+A job's images (init_image, mask) are file paths, relative to the jobs file's folder (or absolute: the jobs file
+is the user's own, read on their machine), read and checked here; the job carries their bytes, so a Ray worker
+on another machine needs no copy of them. The same image at another path is the same job: an id hashes an image
+by its sha256 alone.
 """
 
 from __future__ import annotations
@@ -8,13 +13,24 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..checks import shown
 from ..core.files import Unreadable, read_small_file
 from ..errors import AnimaError
-from ..generation.params import RANDOM_SEED, SETTINGS, GenerationParams, build, canonical_settings, settings_of
+from ..generation.images import ImageInput
+from ..generation.params import (
+    IMAGE_SETTINGS,
+    RANDOM_SEED,
+    SETTINGS,
+    GenerationParams,
+    build,
+    canonical_settings,
+    settings_of,
+)
 from ..generation.pipeline import AnimaPipeline
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -67,19 +83,76 @@ def _settings_of_line(path: Path, number: int, line: str) -> dict[str, Any]:
     return settings
 
 
+class _Images:
+    """A jobs file's images, read once each (jobs crossed with seeds, or naming one file twice, share its bytes)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.by_path: dict[str, ImageInput] = {}
+        self.by_sha256: dict[str, ImageInput] = {}
+
+    def read(self, key: str, value: object) -> ImageInput:
+        """A job's image: a path (relative to the jobs file's folder), or the {"name", "sha256"} a result record
+        holds, whose file must still have that sha256."""
+        expected = None
+        if isinstance(value, dict) and value.keys() == {"name", "sha256"}:
+            value, expected = value["name"], value["sha256"]
+        if not isinstance(value, str) or not value:
+            raise AnimaError(f"{key} must be an image file's path (relative to the jobs file's folder), "
+                             f"got {shown(value)}")
+        path = os.path.normpath(self.folder / os.path.expanduser(value))
+        if path not in self.by_path:
+            try:
+                image = ImageInput.from_path(path)
+            except AnimaError as e:
+                raise AnimaError(f"{key}: {e}") from None
+            same = self.by_sha256.setdefault(image.sha256, image)
+            self.by_path[path] = ImageInput(same.data, image.name, image.sha256)  # one copy of the bytes
+        image = self.by_path[path]
+        if expected is not None and image.sha256 != expected:
+            raise AnimaError(f"{key} {value}: the file's sha256 is {image.sha256[:12]}..., the job's record names "
+                             f"{shown(expected, 15)}: the file has changed since")
+        return image
+
+
+def _sized_by_image(settings: dict[str, Any], defaults: GenerationParams,
+                    sides_set: Collection[str]) -> dict[str, Any]:
+    """A job that names its own init image (or outpainting) is the image's size grown by the outpainting, as in
+    generate, in each side neither it nor the command line (`sides_set`) gives."""
+    if "init_image" not in settings and "outpaint" not in settings:
+        return settings
+    image = settings.get("init_image", defaults.init_image)
+    if not isinstance(image, ImageInput):
+        return settings
+    sized = build({"prompt": "", "init_image": image, "outpaint": settings.get("outpaint", defaults.outpaint)})
+    return {side: getattr(sized, side) for side in ("width", "height")
+            if side not in settings and side not in sides_set} | settings
+
+
 def read_jobs(path: str | Path, defaults: GenerationParams, seeds: list[int] | None = None,
-              lora_dir: Path | None = None) -> list[BatchJob]:
+              lora_dir: Path | None = None, sides_set: Collection[str] = ()) -> list[BatchJob]:
     """Every job of the file, each checked (line number in the message) before anything runs.
 
     JSONL (.jsonl, .ndjson): each line's settings over `defaults`, with the names `generate --json` and the
-    server's jobs report (prompt, negative, width, height, steps, cfg, seed, shift, ...). Any other file: one
-    prompt per line. A job that names no seed is made once per `seeds` (default: the defaults' seed). A prompt's
-    <lora:NAME:SCALE> tags add LoRAs from `lora_dir`, as in generate."""
+    server's jobs report (prompt, negative, width, height, steps, cfg, seed, shift, ...); init_image and mask are
+    image files, by a path relative to the jobs file's folder. Any other file: one prompt per line. A job that
+    names no seed is made once per `seeds` (default: the defaults' seed). A prompt's <lora:NAME:SCALE> tags add
+    LoRAs from `lora_dir`, as in generate. A job with an init image of its own is by default the image's size
+    (grown by its outpainting), except in the sides the command line set for every job (`sides_set`: "width",
+    "height")."""
     path = Path(path)
     jsonl = path.suffix.lower() in JSONL_SUFFIXES
     jobs: list[BatchJob] = []
+    images = _Images(path.parent)
     for number, line in _lines(path):
         settings = _settings_of_line(path, number, line) if jsonl else {"prompt": line.strip()}
+        try:
+            for key in IMAGE_SETTINGS:
+                if settings.get(key) is not None:
+                    settings[key] = images.read(key, settings[key])
+            settings = _sized_by_image(settings, defaults, sides_set)
+        except AnimaError as e:
+            raise AnimaError(f"{path} line {number}: {e}") from None
         for seed in ([settings["seed"]] if "seed" in settings else seeds or [defaults.seed]):
             if seed == RANDOM_SEED and not isinstance(seed, bool):
                 raise AnimaError(f"{path} line {number}: a batch job needs a fixed seed (a drawn one could not be "
@@ -120,11 +193,18 @@ def prepare_jobs(jobs: list[BatchJob], pipeline: AnimaPipeline,
     """Prepare each job as generate prepares its run (before anything runs; `source`: the jobs file, named with
     the line in errors) and name it; returns the model fingerprints the workers must have, one entry per set of
     model files (subgraph sets, LoRAs) in the jobs."""
+    prepared: set[tuple] = set()
     for job in jobs:
+        # Jobs that differ only in their seed prepare alike: a seed sweep of one image decodes it once.
+        key = (repr(dataclasses.replace(job.params, seed=0, init_image=None, mask=None)),
+               *(image.sha256 if image is not None else None for image in (job.params.init_image, job.params.mask)))
+        if key in prepared:
+            continue
         try:
             pipeline.prepare(job.params)
         except AnimaError as e:
             raise AnimaError(f"{source} line {job.line}: {e}" if source else str(e)) from None
+        prepared.add(key)
     prints: dict[str, tuple[GenerationParams, dict[str, str | None]]] = {}
 
     def fingerprints(params: GenerationParams) -> dict[str, str | None]:
@@ -143,7 +223,7 @@ def one_sweep(jobs: list[BatchJob], max_seeds: int) -> tuple[GenerationParams, l
     and their seeds in order."""
     first, seeds = jobs[0], [job.params.seed for job in jobs]
     for job in jobs[1:]:
-        if {**job.settings(), "seed": 0} != {**first.settings(), "seed": 0}:
+        if {**canonical_settings(job.settings()), "seed": 0} != {**canonical_settings(first.settings()), "seed": 0}:
             raise AnimaError(f"line {job.line}: bench takes one prompt's seeds, and this job differs from line "
                              f"{first.line} in more than its seed; run such jobs with batch")
     if len(set(seeds)) != len(seeds):

@@ -52,13 +52,15 @@ def batch_defaults(files: ModelFiles, settings: dict) -> GenerationParams:
 def batch(jobs_file, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, lora_dir, seeds, out, overwrite,
           keep_models, checkpoint_every, ray_address, ray_resources, ray_workers, **options) -> None:
     """Generate every job of JOBS into --out: a .jsonl file (one job's settings per line: prompt, negative,
-    width, height, steps, cfg, seed, shift, cache, cache_options, ...; the options below are the defaults) or a
-    text file of prompts, one per line, each made once per --seeds seed."""
+    width, height, steps, cfg, seed, shift, cache, cache_options, init_image, mask, ...; the options below are the
+    defaults; image paths are relative to JOBS' folder) or a text file of prompts, one per line, each made once per
+    --seeds seed."""
     files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
                     t5_tokenizer=t5_tokenizer)
     defaults = batch_defaults(files, options)
     pipeline = AnimaPipeline(files)
-    jobs = read_jobs(jobs_file, defaults, parse_seeds(seeds) if seeds else None, lora_dir)
+    jobs = read_jobs(jobs_file, defaults, parse_seeds(seeds) if seeds else None, lora_dir,
+                     sides_set=[side for side in ("width", "height") if options[side] is not None])
     expected = prepare_jobs(jobs, pipeline, jobs_file)
     keep = defaults.backend != "rknn" if keep_models is None else keep_models
     with contextlib.ExitStack() as stack:
