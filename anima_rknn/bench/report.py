@@ -3,7 +3,13 @@ baseline | cached | difference and speedup), with the verdict on whether caching
 
 A bench of several samplers has a seed entry per seed and sampler (each against that sampler's own baseline), its
 policies named "SAMPLER/CACHE" in the aggregate and the verdict, its files prefixed with the sampler, and a row per
-sampler in "samplers"; a bench of one sampler reads as it always did."""
+sampler in "samplers"; a bench of one sampler reads as it always did.
+
+Image to image: the settings name the init image, the strength and the steps each pass ran; a side's numbers are
+the whole run's (every pass's time and work; computed / skipped model calls numbered through the passes, the hires
+pass's after the first's), with each pass's own under "passes". The x0 distance compares each step's x0 with the
+baseline's same step, so with the hires fix its last steps are the hires pass's, at the hires size; the final
+latent error and the images are the final pass's."""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.files import json_text, write_text
+from ..generation.params import GenerationParams
 from ..generation.result import call_noun
 from ..sampling.samplers import SAMPLERS
 from . import DEFAULT_MIN_PSNR, metrics
@@ -60,33 +67,59 @@ def _stats(values: Sequence[float]) -> dict[str, Any]:
     return {"min": min(values), "median": statistics.median(values), "all": list(values)}
 
 
+def steps_run(params: GenerationParams) -> int:
+    """The steps a run of `params` makes: every pass's, each an img2img pass's truncated schedule."""
+    return sum(denoise_pass.steps_run for denoise_pass in params.passes())
+
+
+def _passes(policy: PolicyRuns) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
+    """Each pass of the policy's first run (its size, schedule, steps run, model calls, work and time), and its
+    computed / skipped / recomputed model calls numbered through the passes (the second's after the first's)."""
+    params, run = policy.params, policy.first
+    entries, numbered, offset = [], {"computed_steps": [], "skipped_steps": [], "recomputed_steps": []}, 0
+    for denoise_pass, denoised in zip(params.passes(), run.denoised_passes):
+        calls, sample = params.model_calls(denoise_pass.sigmas), denoised.sample
+        entries.append({"width": denoise_pass.width, "height": denoise_pass.height, "steps": denoise_pass.steps,
+                        "start": denoise_pass.start, "steps_run": denoise_pass.steps_run,
+                        "cache": denoise_pass.cache, "model_calls": calls,
+                        "computed": len(sample.computed_steps), "transformer_passes": denoised.transformer_passes,
+                        "denoise_s": denoised.denoise_s})
+        for key in numbered:
+            numbered[key] += [offset + call for call in getattr(sample, key)]
+        offset += calls
+    return entries, numbered
+
+
 def _side(policy: PolicyRuns, label: str, prefix: str) -> dict[str, Any]:
     first = policy.first
     sample = first.denoised.sample
     peaks = [run.peak_rss_bytes for run in policy.runs if run.peak_rss_bytes is not None]
     per_step = zip(*(run.step_times for run in policy.runs))
+    passes, numbered = _passes(policy)
     return {
         "cache": policy.params.cache,
         "cache_options": policy.params.cache_options,
         "image": image_file(label, policy.params.seed, prefix) if first.image is not None else None,
         "timings_s": {
-            "denoise": _stats([run.denoised.denoise_s for run in policy.runs]),
+            # The init image's (a Lanczos hires fix's: its upscaled picture's); 0 without one.
+            "vae_encode": _stats([run.vae_encode_s for run in policy.runs]),
+            "denoise": _stats([run.denoise_s for run in policy.runs]),
             "decode": _stats([run.decode_s for run in policy.runs]),
             "total_excl_encode": _stats([run.total_s for run in policy.runs]),
         },
         "step_times_s": [statistics.median(times) for times in per_step],  # median over repeats
         # computed / skipped / recomputed number model calls (= steps for samplers that call the model once a
-        # step); forecast_steps are the steps where a forecast stood in for one call at least.
-        "model_calls": policy.params.model_calls(),
-        "computed_steps": sample.computed_steps,
-        "skipped_steps": sample.skipped_steps,
+        # step) over every pass; forecast_steps are the steps where a forecast stood in for one call at least.
+        "model_calls": sum(p["model_calls"] for p in passes),
+        "steps_run": sum(p["steps_run"] for p in passes),
+        **numbered,
         "forecast_steps": first.forecast_steps,
-        "recomputed_steps": sample.recomputed_steps,
         "error_estimate": sample.error_estimate,  # the cache's own, made without the baseline (None: no estimate)
-        "transformer_passes": first.denoised.transformer_passes,
-        "subgraph_runs": first.denoised.subgraph_runs,
+        "transformer_passes": sum(d.transformer_passes for d in first.denoised_passes),
+        "subgraph_runs": sum(d.subgraph_runs for d in first.denoised_passes),
         "finite": sample.finite,
         "peak_rss_mb": max(peaks) / MB if peaks else None,  # the highest over repeats
+        "passes": passes,
     }
 
 
@@ -206,6 +239,7 @@ def build_report(result: BenchResult, model_name: str, thresholds: Thresholds | 
     """Every number of the bench as plain data; strict JSON through to_json()."""
     thresholds = thresholds or Thresholds()
     params = result.seeds[0].baseline.params
+    image_size = result.seeds[0].baseline.first.image.size if result.seeds[0].baseline.first.image else None
     caches = list(result.seeds[0].cached)
     samplers = samplers_of(result)
     several = len(samplers) > 1
@@ -219,6 +253,10 @@ def build_report(result: BenchResult, model_name: str, thresholds: Thresholds | 
             "shift": params.shift, "scheduler": params.scheduler, "sampler": params.sampler, "samplers": samplers,
             "eta": params.eta, "s_noise": params.s_noise, "dtype": params.dtype, "backend": params.backend,
             "vae_tile": result.decode.tile, "vae_backend": result.decode.backend,
+            "steps_run": steps_run(params), "image_size": list(image_size) if image_size else None,
+            "passes": [{"width": p.width, "height": p.height, "steps": p.steps, "start": p.start,
+                        "steps_run": p.steps_run} for p in params.passes()],
+            **_image_to_image(params),
             "seeds": list(dict.fromkeys(entry["seed"] for entry in seeds)), "repeats": result.repeats,
             "caches": {name: seeds[0]["cached"][name]["cache_options"] for name in caches},
         },
@@ -232,6 +270,42 @@ def build_report(result: BenchResult, model_name: str, thresholds: Thresholds | 
         "aggregate": aggregate,
         "verdict": _verdict(policies, thresholds),
     }
+
+
+def _image_to_image(params: GenerationParams) -> dict[str, Any]:
+    """The image-to-image settings the bench ran with, where it used them."""
+    found: dict[str, Any] = {}
+    if params.init_image is not None:
+        found |= {"init_image": params.init_image.as_json(), "strength": params.strength,
+                  "resize_mode": params.resize_mode}
+    if params.mask is not None or params.outpaint is not None:
+        found |= {"mask": params.mask.as_json() if params.mask else None, "mask_blur": params.mask_blur,
+                  "invert_mask": params.invert_mask, "masked_content": params.masked_content,
+                  "inpaint_area": params.inpaint_area, "outpaint": list(params.outpaint) if params.outpaint else None}
+    if params.hires:
+        width, height = params.hires_size()
+        found |= {"hires": {"width": width, "height": height, "steps": params.passes()[-1].steps,
+                            "upscaler": params.hires_upscaler, "strength": params.strength,
+                            "cache": params.hires_cache}}
+    return found
+
+
+def _run_text(s: dict[str, Any]) -> str:
+    """What each run made, as generate's line says it: "64x64, 12 of 20 steps (strength 0.6), img2img of x.png";
+    with the hires fix "32x32 -> 64x64 (hires fix), 20 steps + 15 of 20 hires steps (strength 0.75)"."""
+    passes = s["passes"]
+    size = " -> ".join(f"{p['width']}x{p['height']}" for p in passes) + (" (hires fix)" if len(passes) > 1 else "")
+    if s["image_size"] and s["image_size"] != [passes[-1]["width"], passes[-1]["height"]]:
+        size += f", pasted into {s['image_size'][0]}x{s['image_size'][1]}"
+    strength = s.get("strength", s.get("hires", {}).get("strength"))
+    steps = " + ".join((f"{p['steps']}" if p["start"] == 0 else f"{p['steps_run']} of {p['steps']}")
+                       + (" hires steps" if index else " steps")
+                       + ("" if p["start"] == 0 else f" (strength {strength:g})") for index, p in enumerate(passes))
+    text = f"{size}, {steps}"
+    if "init_image" in s:
+        kind = ("outpainting" if s.get("outpaint") else "inpainting" if s.get("mask") else "img2img")
+        text += f", {kind} of {s['init_image']['name']} (sha256 {s['init_image']['sha256'][:12]})"
+    return text
 
 
 def to_json(report: dict[str, Any]) -> str:
@@ -262,6 +336,7 @@ def _largest_step(distances: list[float] | None) -> str:
 
 
 def _seed_table(entry: dict[str, Any], steps: int, repeats: int) -> list[str]:
+    """`steps`: the steps a run makes (over every pass, each img2img pass's truncated schedule)."""
     base, cached = entry["baseline"], entry["cached"]
     calls = base["model_calls"]  # the steps, or more for a sampler that calls the model twice a step
     header = "| | baseline | " + " | ".join(f"{name} | {name} vs baseline" for name in cached) + " |"
@@ -284,6 +359,9 @@ def _seed_table(entry: dict[str, Any], steps: int, repeats: int) -> list[str]:
         [(_seconds(side["timings_s"]["denoise"], repeats),
           f"{_speed(c['speedup']['denoise'], repeats)}, {c['measured_over_ideal']:.0%} of ideal")
          for side, c in zip(cached.values(), comparisons)])
+    if timings["vae_encode"]["median"] > 0:
+        row("VAE encode", _seconds(timings["vae_encode"], repeats),
+            [(_seconds(side["timings_s"]["vae_encode"], repeats), "") for side in cached.values()])
     row("decode", _seconds(timings["decode"], repeats),
         [(_seconds(side["timings_s"]["decode"], repeats), "") for side in cached.values()])
     row("total excl. encoding", _seconds(timings["total_excl_encode"], repeats),
@@ -342,12 +420,14 @@ def markdown(report: dict[str, Any]) -> str:
     several = len(s["samplers"]) > 1
     sampler = f"samplers {', '.join(s['samplers'])}" if several else f"sampler {s['sampler']}"
     lines = ["# anima-rknn bench: cached vs baseline", "",
-             (f"Prompt: {s['prompt']!r}; {s['width']}x{s['height']}, {s['steps']} steps, {sampler}, "
+             (f"Prompt: {s['prompt']!r}; {_run_text(s)}, {sampler}, "
               f"schedule {s['scheduler']}, CFG {s['cfg']:g}, "
               f"shift {s['shift']:g}, {s['dtype']}, {s['backend']} backend, model {s['model']}, "
               f"VAE {'tiled ' + str(s['vae_tile']) + ' px' if s['vae_tile'] else 'untiled'} on {s['vae_backend']}."),
              f"Prompt encoding (shared by all runs, done once): {report['encode']['encode_s']:.2f} s, "
-             f"peak RSS {_mb(report['encode']['peak_rss_mb'])}. Total excl. encoding = denoise + decode."
+             f"peak RSS {_mb(report['encode']['peak_rss_mb'])}. Total excl. encoding = "
+             + ("VAE encode + " if "init_image" in s or s.get("hires", {}).get("upscaler") == "lanczos" else "")
+             + "denoise + decode."
              + ("" if repeats == 1 else f" Times: median of {repeats} repeats (min in brackets); "
                 "speedups: median/median (min/min)."),
              ]
@@ -357,7 +437,7 @@ def markdown(report: dict[str, Any]) -> str:
     for entry in report["seeds"]:
         made_by = f" (worker {entry['worker']})" if entry["worker"] else ""
         title = f"Seed {entry['seed']}, {entry['sampler']}" if several else f"Seed {entry['seed']}"
-        lines += ["", f"## {title}{made_by}", ""] + _seed_table(entry, s["steps"], repeats)
+        lines += ["", f"## {title}{made_by}", ""] + _seed_table(entry, s["steps_run"], repeats)
     if len(s["seeds"]) > 1:
         lines += ["", "## All seeds (speedups: median over seeds)", ""] + _aggregate_table(report["aggregate"])
     lines += ["", f"**Verdict: {report['verdict']['line']}**", ""]

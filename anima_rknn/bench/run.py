@@ -2,7 +2,12 @@
 all runs, the same loaded weights, the same noise per seed, repeats interleaved so drift hits both sides.
 
 A sweep may name several samplers: each is a setting of its own, with its own uncached baseline that its cached
-runs are measured against (a sampler's picture is not another's), all at the same seeds from the same encoding."""
+runs are measured against (a sampler's picture is not another's), all at the same seeds from the same encoding.
+
+Image to image benches as text to image does: every run encodes the init image and denoises the truncated schedule
+(a cache caches over the steps run); with the hires fix a run is both passes, its step times and x0 those of every
+step of both, numbered through (the hires pass's after the first's), its cached sides caching both passes unless
+--hires-cache says otherwise, the baseline neither."""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ from PIL import Image
 
 from ..core.memory import peak_rss
 from ..errors import AnimaError
-from ..generation.params import GenerationParams
+from ..generation.params import SAME_CACHE, GenerationParams
 from ..generation.pipeline import AnimaPipeline
 from ..generation.result import Conditioning, DecodePlan, Denoised
 from ..sampling.caches import CACHE_NAMES, make_cache
@@ -31,9 +36,10 @@ RunCallback = Callable[[int, str, int], None]
 
 @dataclass
 class Run:
-    """One denoise + decode: the time of each, the peak RSS over both, and each step's time and x0."""
+    """One run, every pass + decode: the time of each, the peak RSS over all, and each step's time and x0 (the
+    steps of every pass, in order)."""
 
-    denoised: Denoised
+    denoised: Denoised  # the pass that made the picture (the only one, or the hires fix's second)
     image: Image.Image | None  # None when the latent is not finite (never decoded)
     decode_s: float
     peak_rss_bytes: int | None
@@ -42,11 +48,22 @@ class Run:
     # The steps (1-based) where a forecast stood in for a model call (the sample's skipped_steps number model calls,
     # which are the steps only for samplers that call the model once a step).
     forecast_steps: list[int] = field(default_factory=list)
+    first_pass: Denoised | None = None  # the hires fix's first pass
+    vae_encode_s: float = 0.0  # the init image's VAE encode (and a Lanczos hires fix's)
+
+    @property
+    def denoised_passes(self) -> list[Denoised]:
+        """Every pass this run made, in order."""
+        return [self.denoised] if self.first_pass is None else [self.first_pass, self.denoised]
+
+    @property
+    def denoise_s(self) -> float:
+        return sum(d.denoise_s for d in self.denoised_passes)
 
     @property
     def total_s(self) -> float:
-        """End to end excluding the prompt encoding, which every run shares: denoise + decode."""
-        return self.denoised.denoise_s + self.decode_s
+        """End to end excluding the prompt encoding, which every run shares: VAE encode + denoise + decode."""
+        return self.vae_encode_s + self.denoise_s + self.decode_s
 
 
 @dataclass
@@ -102,6 +119,11 @@ def parse_sampler_list(text: str) -> list[str]:
     return names
 
 
+def uncached(params: GenerationParams) -> GenerationParams:
+    """`params` with no step cache in any pass: a baseline."""
+    return dataclasses.replace(params, cache="none", cache_options={}, hires_cache=SAME_CACHE)
+
+
 def sampler_params(params: GenerationParams, samplers: Sequence[str]) -> dict[str, GenerationParams]:
     """`params` for each of `samplers`, by name (eta and s_noise as given: every sampler listed must have them)."""
     return {sampler: dataclasses.replace(params, sampler=sampler) for sampler in samplers}
@@ -129,7 +151,8 @@ def _run(pipeline: AnimaPipeline, conditioning: Conditioning, params: Generation
     with peak_rss() as peak:
         rendered = pipeline.render(conditioning, params, plan, on_step=listen)
     return Run(rendered.denoised, rendered.image, rendered.decode_s, peak.bytes, [e.seconds for e in events],
-               [e.x0.copy() for e in events], [e.step for e in events if not e.computed])
+               [e.x0.copy() for e in events], [e.step for e in events if not e.computed], rendered.first_pass,
+               rendered.vae_encode_s)
 
 
 @dataclass(frozen=True)
@@ -159,10 +182,10 @@ class SeedBench:
         if sweep.repeats < 1:
             raise AnimaError(f"--repeat must be at least 1, got {sweep.repeats}")
         self.pipeline, self.sweep = pipeline, sweep
-        self.baseline = dataclasses.replace(params, cache="none", cache_options={})
+        self.baseline = uncached(params)
         # Per sampler: its baseline ("baseline" is no cache name, so a cached "none" stays a second, separate run
         # of the same thing), then each cached policy.
-        self.sides = {sampler: {BASELINE: dataclasses.replace(each, cache="none", cache_options={}),
+        self.sides = {sampler: {BASELINE: uncached(each),
                                 **policy_params(each, sweep.caches, sweep.cache_options)}
                       for sampler, each in sampler_params(params, sweep.samplers or (params.sampler,)).items()}
         self.plan = pipeline.prepare(params)
@@ -170,14 +193,14 @@ class SeedBench:
             self.conditioning = pipeline.encode(params.prompt, params.negative, params.dtype, params.loras,
                                                 params.lora_ignore_unmatched)
         self.encode_peak_rss_bytes = encode_peak.bytes
-        # Untimed: torch's first-call costs (allocator, kernel choice) would otherwise land on the baseline alone.
+        # Untimed: torch's first-call costs (allocator, kernel choice) would otherwise land on the baseline alone;
+        # one text-to-image step at the first pass's size.
         pipeline.denoise(self.conditioning, dataclasses.replace(self.baseline, steps=1, init_image=None, mask=None,
                                                                 outpaint=None, hires=False))
 
     def takes(self, params: GenerationParams, sweep: Sweep) -> bool:
         """Whether `params` is this bench's setting at another seed."""
-        return sweep == self.sweep and dataclasses.replace(params, cache="none", cache_options={},
-                                                           seed=self.baseline.seed) == self.baseline
+        return sweep == self.sweep and dataclasses.replace(uncached(params), seed=self.baseline.seed) == self.baseline
 
     def run(self, seed: int, on_run: RunCallback | None = None, on_step: StepCallback | None = None) -> BenchResult:
         """Every side at `seed` (one SeedResult per sampler), repeats interleaved so that drift hits all sides

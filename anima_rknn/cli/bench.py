@@ -60,7 +60,7 @@ def save_images(result: BenchResult, report: dict, out: Path, model_name: str) -
             if side["image"] is not None:  # a run that is not finite has no image (the report says so)
                 generation = GenerationResult(run.image, run.denoised.sample.latent, policy.params,
                                               result.conditioning, run.denoised, run.decode_s, result.decode.backend,
-                                              model_name)
+                                              model_name, first_pass=run.first_pass, vae_encode_s=run.vae_encode_s)
                 publish(generation, out / side["image"], overwrite=True)
 
 
@@ -114,7 +114,8 @@ def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, caches, s
     seed_list = [params.seed] if seeds is None else parse_seeds(seeds, MAX_SEEDS)  # params drew a seed of -1
     params = dataclasses.replace(params, seed=seed_list[0])
     if jobs_file is not None:
-        jobs = read_jobs(jobs_file, params, lora_dir=settings["lora_dir"])
+        jobs = read_jobs(jobs_file, params, lora_dir=settings["lora_dir"],
+                         sides_set=[side for side in ("width", "height") if settings[side] is not None])
         params, seed_list = one_sweep(jobs, MAX_SEEDS)
     else:
         jobs = [BatchJob(0, dataclasses.replace(params, seed=one_seed)) for one_seed in seed_list]
@@ -124,9 +125,11 @@ def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, caches, s
     sweep.check(params)  # bad options, or an eta a listed sampler lacks, fail before the folder is made
     expected = prepare_jobs(jobs, AnimaPipeline(files), jobs_file)
     out_dir = Path(out)
-    output_folder(out_dir, overwrite=overwrite, names=["report.json", "report.md"], holds="a bench report" if (out_dir / "report.json").exists() else "other files")
+    output_folder(out_dir, overwrite=overwrite, names=["report.json", "report.md"],
+                  holds="a bench report" if (out_dir / "report.json").exists() else "other files")
 
-    sides, steps = len(sweep.samplers or (params.sampler,)) * (1 + len(cache_names)), params.steps
+    # A run's steps: every pass's, an img2img pass's truncated schedule (the step events count them so).
+    sides, steps = len(sweep.samplers or (params.sampler,)) * (1 + len(cache_names)), report_module.steps_run(params)
     with contextlib.ExitStack() as stack, tqdm(total=len(jobs) * repeat * sides * steps, desc="bench", unit="step",
                                                file=sys.stderr, dynamic_ncols=True) as bar:
         ray = open_ray_runner(stack, ray_address, ray_resources, ray_workers, files, expected, keep_models=True,
