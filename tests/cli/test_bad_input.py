@@ -8,13 +8,16 @@ state have suites of their own beside their modules' tests.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import random
 import resource
 import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import click
@@ -90,6 +93,101 @@ def test_generate_refuses(run_cli, model_dir, out_dir, args, code, pattern):
     base = ["generate", "--model", model_dir, "-p", "cat", *FAST, "-o", out_dir / "x.png"]
     assert_refused(run_cli(*base, *args), code, pattern)
     assert snapshot(out_dir) == before
+
+
+# ---- image to image: the files given and the settings around them ---------------------------------------------
+
+def _png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _bomb(size: int = 30000) -> bytes:
+    """A real 8x8 PNG whose IHDR claims size x size pixels, its CRC recomputed so only the size is wrong."""
+    data = bytearray(_png(Image.new("RGB", (8, 8), (10, 20, 30))))
+    assert data[12:16] == b"IHDR"
+    data[16:24] = size.to_bytes(4, "big") * 2
+    data[29:33] = zlib.crc32(bytes(data[12:29])).to_bytes(4, "big")
+    return bytes(data)
+
+
+@pytest.fixture
+def images(tmp_path):
+    """Files a user may pass as --init-img / --mask: good ones and every kind of bad one."""
+    folder = tmp_path / "images"
+    folder.mkdir()
+    noise = _png(Image.frombytes("RGB", (64, 64), random.Random(0).randbytes(64 * 64 * 3)))
+    (folder / "good.png").write_bytes(noise)
+    (folder / "mask32.png").write_bytes(_png(Image.new("L", (32, 32), 255)))
+    (folder / "empty-mask.png").write_bytes(_png(Image.new("L", (64, 64), 0)))
+    (folder / "notes.png").write_text("not a picture at all\n")
+    (folder / "truncated.png").write_bytes(noise[: len(noise) // 2])
+    (folder / "bomb.png").write_bytes(_bomb())
+    (folder / "a-folder").mkdir()
+    return folder
+
+
+IMAGE_CASES = [
+    (("--init-img", "{img}/notes.png"), "image {img}/notes.png: not an image"),
+    (("--init-img", "{img}/truncated.png"), "image {img}/truncated.png: truncated or corrupt"),
+    (("--init-img", "{img}/bomb.png"), "image {img}/bomb.png: more than 67108864 pixels, refused before decoding"),
+    (("--init-img", "{img}/a-folder"), "image {img}/a-folder: a folder, not a file"),
+    (("--init-img", "{img}/missing.png"), "image {img}/missing.png: no such file"),
+    (("--init-img", "{img}/good.png", "--mask", "{img}/truncated.png"), "image {img}/truncated.png: truncated"),
+    (("--mask", "{img}/good.png"), "a mask needs an init image (--init-img)"),
+    (("--outpaint", "16"), "outpainting needs an init image (--init-img)"),
+    (("--init-img", "{img}/good.png", "--mask", "{img}/mask32.png"),
+     "the mask is 32x32 px, the init image 64x64: give a mask of the image's size"),
+    (("--init-img", "{img}/good.png", "--mask", "{img}/empty-mask.png"), "the mask is empty"),
+    (("--init-img", "{img}/good.png", "--mask", "{img}/good.png", "--outpaint", "8"), "not both"),
+    (("--init-img", "{img}/good.png", "--strength", "1.5"), "strength must be a finite number from 0 to 1, got 1.5"),
+    (("--init-img", "{img}/good.png", "--strength", "-0.1"), "strength must be a finite number from 0 to 1"),
+    # 20 steps at strength 0.01 run the last one (diffusers' get_timesteps); at 0 none: refused
+    (("--init-img", "{img}/good.png", "--steps", "20", "--strength", "0"), "strength 0.0 runs no step of 20"),
+    (("--init-img", "{img}/good.png", "--outpaint", "0,0,0,0"), "outpaint grows no side"),
+    (("--init-img", "{img}/good.png", "--outpaint", "a,b"), "--outpaint takes LEFT,TOP,RIGHT,BOTTOM pixel counts"),
+    (("--init-img", "{img}/good.png", "--outpaint", "1,2,3"), "got '1,2,3'"),
+    (("--init-img", "{img}/good.png", "--outpaint", "-8"), "outpaint left must be an integer from 0 to 4096"),
+    (("--init-img", "{img}/good.png", "--hires"), "the hires fix refines a text-to-image render"),
+    (("--hires", "--hires-scale", "100"), "hires_scale must be a finite number from 1 to 8"),
+    (("--hires", "--hires-width", "8000"), "hires_width must be an integer from 0 to 4096"),
+    (("--init-img", "{img}/good.png", "--mask", "{img}/good.png", "--mask-blur", "1000"),
+     "mask_blur must be an integer from 0 to 256"),
+]
+
+
+@pytest.mark.parametrize("args, pattern", IMAGE_CASES, ids=[" ".join(c[0])[:60] for c in IMAGE_CASES])
+def test_generate_refuses_bad_images_and_image_settings(run_cli, model_dir, out_dir, images, args, pattern):
+    """One line, exit 1, before any model loads; no image and no state file left behind."""
+    before = snapshot(out_dir)
+    given = [str(arg).format(img=images) for arg in args]
+    result = run_cli("generate", "--model", model_dir, "-p", "cat", "--steps", "4", "-o", out_dir / "x.png", *given)
+    assert_refused(result, 1, pattern.format(img=images))
+    assert snapshot(out_dir) == before
+
+
+def test_a_nan_strength_is_refused_as_every_nan_is(run_cli, model_dir, out_dir, images):
+    """The finite-number type refuses it as a usage error, as --cfg nan (no command takes a NaN)."""
+    before = snapshot(out_dir)
+    result = run_cli("generate", "--model", model_dir, "-p", "cat", "--init-img", images / "good.png", "--strength",
+                     "nan", "-o", out_dir / "x.png")
+    assert_refused(result, USAGE, "not a finite number")
+    assert snapshot(out_dir) == before
+
+
+@pytest.mark.parametrize("command", ["bench", "batch"])
+def test_bench_and_batch_refuse_a_bad_init_image_in_one_line(run_cli, model_dir, out_dir, images, command):
+    before = snapshot(out_dir.parent)
+    if command == "bench":
+        args = ("bench", "--model", model_dir, "-p", "cat", *FAST, "--out", out_dir / "report")
+    else:
+        (out_dir.parent / "p.txt").write_text("cat\n")
+        before = snapshot(out_dir.parent)
+        args = ("batch", out_dir.parent / "p.txt", "--model", model_dir, *FAST, "--out", out_dir / "batch")
+    result = run_cli(*args, "--init-img", images / "bomb.png")
+    assert_refused(result, 1, "more than 67108864 pixels")
+    assert snapshot(out_dir.parent) == before
 
 
 OUTPUT_CASES = [
