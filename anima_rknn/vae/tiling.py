@@ -1,11 +1,16 @@
-"""Tiled VAE decoding: bounded memory (and fixed tile shapes for accelerators) for large images.
+"""Tiled VAE decoding and encoding: bounded memory (and fixed tile shapes for accelerators) for large images.
 
 Tiles are all `tile_px` square (the last one in a row or column is shifted back to end at the image
 edge instead of being cut short) and are blended with linear ramps over `overlap_px` pixels on the
-sides that face another tile; dividing by the summed weights makes any overlap blend correctly.
+sides that face another tile; dividing by the summed weights makes any overlap blend correctly. A decode and an
+encode cut the image at the same places; the decode blends RGB tiles over `overlap_px` pixels, the encode blends
+latent tiles over `overlap_px / s` latent pixels (one latent pixel is s image pixels).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -20,7 +25,15 @@ TILING_MODES = ("auto", "on", "off")
 _ATTENTION_COPIES, _FULL_RES_COPIES, _OVERHEAD_BYTES = 2, 7, 128 << 20
 # A tiled decode also holds the float32 RGB image, the weight sum and the blend's temporaries.
 _TILED_BYTES_PER_PIXEL = 32
-# Decode in one piece only while the estimate leaves this share of the available memory free.
+# Fitted on this project's encoder the same way (benchmarks/vae_memory.py --parts encode, README): its middle
+# attention holds 9 bytes per entry of the n x n matrix (torch's math attention: two float32 matrices and the
+# bool mask of its safe softmax; 2.26-2.28 copies of float32 measured on the attention alone), the full-resolution
+# stage about three `dim`-channel float32 images. Errs on the high side: 1.03-1.5x the measured peak from
+# 512x512 up (dims 16, 32 and 96, up to 1536x1536), closest where the attention dominates.
+_ENCODE_ATTENTION_BYTES, _ENCODE_FULL_RES_COPIES, _ENCODE_OVERHEAD_BYTES = 9, 3, 128 << 20
+# A tiled encode also holds the float32 image it cuts, the blended latent, its weight sum and their temporaries.
+_TILED_ENCODE_BYTES_PER_PIXEL = 16
+# Decode (encode) in one piece only while the estimate leaves this share of the available memory free.
 _AUTO_SHARE = 0.75
 
 
@@ -37,20 +50,46 @@ def tiled_decode_bytes(config: WanVAEConfig, width: int, height: int, tile_px: i
             + _TILED_BYTES_PER_PIXEL * width * height)
 
 
+def encode_bytes(config: WanVAEConfig, width: int, height: int) -> int:
+    """Estimated peak memory of encoding one width x height image in one piece."""
+    latent_pixels = (width // config.scale_factor) * (height // config.scale_factor)
+    attention = _ENCODE_ATTENTION_BYTES * latent_pixels**2
+    return attention + _ENCODE_FULL_RES_COPIES * 4 * config.dim * width * height + _ENCODE_OVERHEAD_BYTES
+
+
+def tiled_encode_bytes(config: WanVAEConfig, width: int, height: int, tile_px: int) -> int:
+    """Estimated peak memory of encoding in tiles of `tile_px`: one tile's encode plus the image and blended latent."""
+    return (encode_bytes(config, min(tile_px, width), min(tile_px, height))
+            + _TILED_ENCODE_BYTES_PER_PIXEL * width * height)
+
+
 def plan_tiling(config: WanVAEConfig, width: int, height: int, mode: str, tile_px: int,
                 available: int | None) -> int | None:
     """The tile size to decode with (None: one piece). "auto" tiles when one piece would not fit comfortably
     in `available` bytes; any plan that cannot fit is refused now, before minutes of denoising."""
+    return _plan(decode_bytes, tiled_decode_bytes, "decoding", config, width, height, mode, tile_px, available)
+
+
+def plan_encode_tiling(config: WanVAEConfig, width: int, height: int, mode: str, tile_px: int,
+                       available: int | None) -> int | None:
+    """The tile size to encode a width x height image with (None: one piece), decided as plan_tiling decides
+    the decode's, from the encoder's own estimate."""
+    return _plan(encode_bytes, tiled_encode_bytes, "encoding", config, width, height, mode, tile_px, available)
+
+
+def _plan(whole_bytes: Callable[[WanVAEConfig, int, int], int],
+          tiled_bytes: Callable[[WanVAEConfig, int, int, int], int], verb: str, config: WanVAEConfig, width: int,
+          height: int, mode: str, tile_px: int, available: int | None) -> int | None:
     if mode not in TILING_MODES:
         raise AnimaError(f"unknown VAE tiling mode {mode!r}; choose one of {', '.join(TILING_MODES)}")
-    whole = decode_bytes(config, width, height)
+    whole = whole_bytes(config, width, height)
     if mode == "auto":
         mode = "on" if available is not None and whole > _AUTO_SHARE * available else "off"
     tile = None if mode == "off" or tile_px >= max(width, height) else tile_px
-    need = whole if tile is None else tiled_decode_bytes(config, width, height, tile)
+    need = whole if tile is None else tiled_bytes(config, width, height, tile)
     if available is not None and need > available:
         how = "in one piece" if tile is None else f"in {tile}-px tiles"
-        raise AnimaError(f"decoding {width}x{height} {how} needs about {need / 2**30:.1f} GiB, but only "
+        raise AnimaError(f"{verb} {width}x{height} {how} needs about {need / 2**30:.1f} GiB, but only "
                          f"{available / 2**30:.1f} GiB of memory is available: "
                          + ("use --vae-tiling" if tile is None else "use a smaller --vae-tile-size"))
     return tile
@@ -81,29 +120,66 @@ def _feather(start: int, size: int, total: int, ramp: int) -> Tensor:
     return weights
 
 
+class TileEncoder(Protocol):
+    """What encode_tiled needs of an encoder: WanVAE, or a backend's fixed-shape tile (engine.vae_tiles)."""
+
+    scale_factor: int
+
+    def encode(self, image: Tensor) -> Tensor: ...
+
+
 def decode_tiled(vae: WanVAE, z: Tensor, tile_px: int = 512, overlap_px: int = 64) -> Tensor:
     """Decode a normalised latent [B, z, h, w] tile by tile; same result as `vae.decode` for one tile."""
     s = vae.scale_factor
+    _check_tiles(s, tile_px, overlap_px)
+    return _tiled(vae.decode, z, z.shape[-2], z.shape[-1], tile_px // s, overlap_px // s, 1, s, overlap_px)
+
+
+def encode_tiled(encoder: TileEncoder, image: Tensor, tile_px: int = 512, overlap_px: int = 64) -> Tensor:
+    """Encode an image [B, 3, H, W] in [0, 1] tile by tile into its normalised latent [B, z, H/s, W/s]; same
+    result as `encoder.encode` for one tile. The tiles are cut where decode_tiled cuts them and blended in latent
+    space over overlap_px / s latent pixels.
+
+    Not the one-piece encode for several tiles, and not only at the seams: the encoder's middle attention is
+    global, so every latent pixel of a tile depends on the whole tile (tests/vae/test_tiling.py measures how close
+    2x2 tiles come)."""
+    s = encoder.scale_factor
+    _check_tiles(s, tile_px, overlap_px)
+    height, width = image.shape[-2:]
+    if height % s or width % s:
+        raise AnimaError(f"image size {height}x{width} is not a multiple of the VAE's scale {s}")
+    return _tiled(encoder.encode, image, height // s, width // s, tile_px // s, overlap_px // s, s, 1,
+                  overlap_px // s)
+
+
+def _check_tiles(s: int, tile_px: int, overlap_px: int) -> None:
     if tile_px <= 0 or overlap_px < 0 or tile_px % s or overlap_px % s:
         raise AnimaError(f"VAE tile size and overlap must be multiples of {s} pixels, got {tile_px} and {overlap_px}")
     if overlap_px >= tile_px:
         raise AnimaError(f"VAE tile overlap ({overlap_px} px) must be smaller than the tile ({tile_px} px)")
-    tile, overlap = tile_px // s, overlap_px // s
-    height, width = z.shape[-2:]
+
+
+def _tiled(run: Callable[[Tensor], Tensor], x: Tensor, height: int, width: int, tile: int, overlap: int,
+           step_in: int, step_out: int, ramp: int) -> Tensor:
+    """`run` on the tiles of `x` and their results blended. Tiles are cut on the latent grid (height x width
+    latent pixels, tiles of `tile` overlapping by `overlap`): one latent pixel is `step_in` pixels of x and
+    `step_out` pixels of the result, whose tiles are feathered over `ramp` of its pixels."""
     rows, cols = _tile_starts(height, tile, overlap), _tile_starts(width, tile, overlap)
     if len(rows) == 1 and len(cols) == 1:
-        return vae.decode(z)
+        return run(x)
 
     tile_h, tile_w = min(tile, height), min(tile, width)
-    image = torch.zeros(z.shape[0], 3, height * s, width * s, device=z.device)
-    weight_sum = torch.zeros(height * s, width * s, device=z.device)
+    out: Tensor | None = None
+    weight_sum = torch.zeros(height * step_out, width * step_out, device=x.device)
     for y in rows:
-        weight_y = _feather(y * s, tile_h * s, height * s, overlap_px).to(z.device)
-        for x in cols:
-            weight_x = _feather(x * s, tile_w * s, width * s, overlap_px).to(z.device)
+        weight_y = _feather(y * step_out, tile_h * step_out, height * step_out, ramp).to(x.device)
+        for x0 in cols:
+            weight_x = _feather(x0 * step_out, tile_w * step_out, width * step_out, ramp).to(x.device)
             weights = weight_y[:, None] * weight_x[None, :]
-            decoded = vae.decode(z[..., y : y + tile_h, x : x + tile_w])
-            region = (slice(y * s, (y + tile_h) * s), slice(x * s, (x + tile_w) * s))
-            image[(..., *region)] += decoded * weights
+            done = run(x[..., y * step_in : (y + tile_h) * step_in, x0 * step_in : (x0 + tile_w) * step_in])
+            if out is None:
+                out = torch.zeros(x.shape[0], done.shape[1], height * step_out, width * step_out, device=x.device)
+            region = (slice(y * step_out, (y + tile_h) * step_out), slice(x0 * step_out, (x0 + tile_w) * step_out))
+            out[(..., *region)] += done * weights
             weight_sum[region] += weights
-    return image / weight_sum
+    return out / weight_sum
