@@ -1,6 +1,7 @@
 """The `manifest.json` of a subgraph set, shared by the ONNX export and the RKNN conversion.
 
-A set is made for one resolution and one DiT file (or, a VAE decoder set, for one tile size and one VAE file);
+A set is made for one resolution and one DiT file (or, a VAE set, for one tile size and one VAE file: its decoder,
+and its encoder beside it where `export-vae --encoder` wrote one);
 these checks refuse to use it for anything else. The
 manifest is checked whole, like user input, before any file it names is opened: every field the code uses has
 its type and a bounded range, and every file it names is a plain name inside the set's own folder (no paths,
@@ -25,9 +26,11 @@ from ..model.lora import MAX_LORAS
 from ..model.lora import MAX_SCALE as MAX_LORA_SCALE
 
 SUBGRAPHS_FORMAT = "anima-rknn-subgraphs/1"
-VAE_FORMAT = "anima-rknn-vae/1"  # a one-subgraph set: the VAE decoder for one latent tile
+VAE_FORMAT = "anima-rknn-vae/1"  # the VAE decoder for one latent tile (index 0), the encoder for one image tile (1)
 SET_KINDS = {SUBGRAPHS_FORMAT: "dit", VAE_FORMAT: "vae"}
 VAE_DECODER_KIND = "vae_decoder"
+VAE_ENCODER_KIND = "vae_encoder"
+VAE_KINDS = (VAE_DECODER_KIND, VAE_ENCODER_KIND)  # a VAE set's subgraphs in this order: the decoder alone, or both
 MAX_Z_DIM = 1024
 MAX_STREAM = 1e30  # a decoder's activations: far past fp32's useful range for images
 MANIFEST = "manifest.json"
@@ -42,7 +45,7 @@ MAX_SECONDS = 1e7
 MAX_JSON_BYTES = 1 << 20  # a full set's manifest is about 100 KB
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _TOKEN = re.compile(r"[0-9A-Za-z._+-]{1,40}")  # target platform, toolkit version
-_SUBGRAPH_FILE = re.compile(r"b\d\d_(self_attn|cross_attn|mlp)\.(onnx|rknn)")
+_SUBGRAPH_FILE = re.compile(r"(b\d\d_(self_attn|cross_attn|mlp)|vae_(decoder|encoder))\.(onnx|rknn)")
 
 
 def subgraph_name(index: int) -> str:
@@ -323,12 +326,47 @@ def _loras_text(loras: list[dict[str, Any]]) -> str:
 
 
 def vae_tile_shapes(z_dim: int, scale_factor: int, tile: int) -> tuple[list[int], list[int]]:
-    """The decoder tile's input (normalised latent) and output (RGB in [0, 1]) shapes."""
+    """The decoder tile's input (normalised latent) and output (RGB in [0, 1]) shapes; the encoder's are the other
+    way round."""
     return [1, z_dim, tile // scale_factor, tile // scale_factor], [1, 3, tile, tile]
 
 
+def vae_entry(manifest: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    """The subgraph entry of a checked VAE set's decoder or encoder (`kind`), None where the set has none."""
+    index = VAE_KINDS.index(kind)
+    return manifest["subgraphs"][index] if index < len(manifest["subgraphs"]) else None
+
+
+def vae_record(manifest: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    """The conversion record of a converted VAE set's decoder or encoder, None where it has none."""
+    index = VAE_KINDS.index(kind)
+    records = manifest.get("rknn", {}).get("subgraphs", [])
+    return records[index] if index < len(records) else None
+
+
+def _list_from(value: Any, at: Field, least: int, most: int, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        at.fail(f"expected a list, got {_show(value)}")
+    if not least <= len(value) <= most:
+        at.fail(f"expected {what}, got {len(value)}")
+    return value
+
+
+def _check_stream(manifest: dict[str, Any], at: Field, peak_key: str, scale_key: str) -> None:
+    """The fp16 calibration of a residual stream (vae.rescale): its fp32 peak and the power of two it is divided by;
+    peak null for a set only ONNX Runtime runs (export/vae.py), whose scale is then 1."""
+    if manifest.get(peak_key, 0) is None:
+        stream_scale = _field(manifest, at, scale_key, _number, 1, 1)
+    else:
+        _field(manifest, at, peak_key, _number, 0, MAX_STREAM)
+        stream_scale = _field(manifest, at, scale_key, _number, 1, MAX_STREAM)
+    if math.log2(stream_scale) % 1:
+        at[scale_key].fail(f"expected a power of two, got {_show(stream_scale)}")
+
+
 def _check_vae_manifest(manifest: dict[str, Any], at: Field) -> dict[str, Any]:
-    """A VAE decoder set: one ONNX graph for one latent tile, made from one VAE file."""
+    """A VAE set made from one VAE file: the decoder's ONNX graph for one latent tile, and optionally the encoder's
+    for the image tile of the same size (nothing else)."""
     model = _field(manifest, at, "model", _object)
     _field(model, at["model"], "file", plain_name)
     _field(model, at["model"], "sha256", _sha256)
@@ -341,22 +379,24 @@ def _check_vae_manifest(manifest: dict[str, Any], at: Field) -> dict[str, Any]:
     if overlap % scale:
         at["overlap"].fail(f"expected a multiple of the VAE's scale {scale}, got {overlap}")
     _field(manifest, at, "dtype", _equal, "float32")
-    if manifest.get("stream_peak", 0) is None:  # not calibrated for fp16: an ONNX Runtime set (export/vae.py)
-        stream_scale = _field(manifest, at, "stream_scale", _number, 1, 1)
-    else:
-        _field(manifest, at, "stream_peak", _number, 0, MAX_STREAM)  # fp32, measured at export (vae.rescale)
-        stream_scale = _field(manifest, at, "stream_scale", _number, 1, MAX_STREAM)
-    if math.log2(stream_scale) % 1:
-        at["stream_scale"].fail(f"expected a power of two, got {_show(stream_scale)}")
-    entries = _field(manifest, at, "subgraphs", _list, 1)
-    entry, at_entry = _object(entries[0], at["subgraphs"][0]), at["subgraphs"][0]
-    _field(entry, at_entry, "index", _equal, 0)
-    _field(entry, at_entry, "kind", _equal, VAE_DECODER_KIND)
-    _field(entry, at_entry, "file", plain_name, ".onnx")
-    _field(entry, at_entry, "sha256", _sha256)
+    _check_stream(manifest, at, "stream_peak", "stream_scale")  # the decoder's
+    entries = _field(manifest, at, "subgraphs", _list_from, 1, 2, "1 or 2 entries (the decoder, then the encoder)")
     z_shape, image_shape = vae_tile_shapes(z_dim, scale, tile)
-    _field(entry, at_entry, "inputs", _tensors, {"z": z_shape}, "float32")
-    _field(entry, at_entry, "outputs", _tensors, {"y": image_shape}, "float32")
+    parts = {VAE_DECODER_KIND: ({"z": z_shape}, {"y": image_shape}),
+             VAE_ENCODER_KIND: ({"image": image_shape}, {"y": z_shape})}
+    for index, (entry, kind) in enumerate(zip(entries, VAE_KINDS)):
+        at_entry = at["subgraphs"][index]
+        entry = _object(entry, at_entry)
+        _field(entry, at_entry, "index", _equal, index)
+        _field(entry, at_entry, "kind", _equal, kind)
+        _field(entry, at_entry, "file", plain_name, ".onnx")
+        _field(entry, at_entry, "sha256", _sha256)
+        _field(entry, at_entry, "inputs", _tensors, parts[kind][0], "float32")
+        _field(entry, at_entry, "outputs", _tensors, parts[kind][1], "float32")
+    if len(entries) == 2:
+        if entries[0]["file"] == entries[1]["file"]:
+            at["subgraphs"].fail("two entries name the same file")
+        _check_stream(manifest, at, "encoder_stream_peak", "encoder_stream_scale")
     if "rknn" in manifest:
         _check_conversion(manifest["rknn"], at["rknn"], entries)
     return manifest
@@ -369,7 +409,7 @@ def _choice_int(value: Any, at: Field, choices: tuple[int, ...]) -> int:
 
 
 def set_kind(manifest: dict[str, Any]) -> str:
-    """"dit" for the DiT's subgraphs, "vae" for a VAE decoder set."""
+    """"dit" for the DiT's subgraphs, "vae" for a VAE set (the decoder, and the encoder where it has one)."""
     return SET_KINDS[manifest["format"]]
 
 

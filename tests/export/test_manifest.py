@@ -355,6 +355,89 @@ def test_field_names_keep_messages_on_one_line():
         at["done"]["a\nb"][2].fail("x")
 
 
+# ---- VAE sets: the decoder alone, or the decoder and the encoder, and nothing else ------------------------------
+
+def vae_entry(index: int, kind: str, file: str, inputs: dict, outputs: dict) -> dict[str, Any]:
+    return {"index": index, "kind": kind, "file": file, "sha256": f"{index + 1:064x}",
+            "inputs": [{"name": n, "shape": s, "dtype": "float32"} for n, s in inputs.items()],
+            "outputs": [{"name": n, "shape": s, "dtype": "float32"} for n, s in outputs.items()]}
+
+
+DECODER = vae_entry(0, "vae_decoder", "vae_decoder.onnx", {"z": [1, 16, 8, 8]}, {"y": [1, 3, 64, 64]})
+ENCODER = vae_entry(1, "vae_encoder", "vae_encoder.onnx", {"image": [1, 3, 64, 64]}, {"y": [1, 16, 8, 8]})
+
+
+def valid_vae_manifest(encoder: bool = True, converted: bool = False) -> dict[str, Any]:
+    """A 64-px VAE set of the tiny VAE, as export-vae [--encoder] (and convert-rknn) write it."""
+    manifest = {
+        "format": "anima-rknn-vae/1",
+        "model": {"file": "vae.safetensors", "sha256": "cd" * 32, "z_dim": 16, "scale_factor": 8},
+        "tile": 64, "overlap": 16, "dtype": "float32", "opset": 17, "stream_peak": 25.0, "stream_scale": 1.0,
+        "subgraphs": [copy.deepcopy(DECODER)],
+    }
+    if encoder:
+        manifest.update(encoder_stream_peak=22.0, encoder_stream_scale=1.0)
+        manifest["subgraphs"].append(copy.deepcopy(ENCODER))
+    if converted:
+        manifest["rknn"] = {**IDENTITY, "subgraphs": [
+            {"index": e["index"], "rknn_file": e["file"].replace(".onnx", ".rknn"), "rknn_sha256": "ab" * 32,
+             "rknn_bytes": 1000, "convert_s": 0.5} for e in manifest["subgraphs"]]}
+    return manifest
+
+
+@pytest.mark.parametrize("encoder", [False, True])
+@pytest.mark.parametrize("converted", [False, True])
+def test_a_vae_set_with_the_decoder_alone_or_with_the_encoder_is_accepted(tmp_path, encoder, converted):
+    manifest = valid_vae_manifest(encoder, converted)
+    assert read_manifest(write_set(tmp_path / "set", manifest), kind="vae") == manifest
+
+
+def vae_changed(change) -> dict[str, Any]:
+    manifest = valid_vae_manifest(converted=True)
+    change(manifest)
+    return manifest
+
+
+VAE_BAD = [
+    (lambda m: m.update(subgraphs=[]), "subgraphs: expected 1 or 2 entries (the decoder, then the encoder), got 0"),
+    (lambda m: m["subgraphs"].append(copy.deepcopy(ENCODER)),
+     "subgraphs: expected 1 or 2 entries (the decoder, then the encoder), got 3"),
+    (lambda m: m.update(subgraphs=[copy.deepcopy(ENCODER)]), "subgraphs[0].index: expected 0, got 1"),
+    (lambda m: m["subgraphs"][1].update(index=0), "subgraphs[1].index: expected 1, got 0"),
+    (lambda m: m.update(subgraphs=[copy.deepcopy(DECODER), {**copy.deepcopy(DECODER), "index": 1}]),
+     "subgraphs[1].kind: expected 'vae_encoder', got 'vae_decoder'"),
+    (lambda m: m["subgraphs"][1].update(file="vae_decoder.onnx"), "subgraphs: two entries name the same file"),
+    (lambda m: m["subgraphs"][1].update(file="../vae_encoder.onnx"),
+     "subgraphs[1].file: '../vae_encoder.onnx' is not a plain file name: it contains a path separator"),
+    (lambda m: m["subgraphs"][1]["inputs"][0].update(name="z"), "subgraphs[1].inputs[0].name: expected 'image', got 'z'"),
+    (lambda m: m["subgraphs"][1]["inputs"][0].update(shape=[1, 3, 32, 32]),
+     r"subgraphs[1].inputs[0].shape: expected [1, 3, 64, 64], got [1, 3, 32, 32]"),
+    (lambda m: m["subgraphs"][1]["outputs"][0].update(shape=[1, 16, 4, 4]),
+     "subgraphs[1].outputs[0].shape: expected [1, 16, 8, 8], got [1, 16, 4, 4]"),
+    (lambda m: m.pop("encoder_stream_peak"), "encoder_stream_peak: missing"),
+    (lambda m: m.update(encoder_stream_scale=3.0), "encoder_stream_scale: expected a power of two, got 3.0"),
+    (lambda m: m.update(encoder_stream_peak=None, encoder_stream_scale=2.0),
+     "encoder_stream_scale: expected a number from 1 to 1, got 2.0"),
+    (lambda m: m["rknn"]["subgraphs"].pop(), "rknn.subgraphs: expected 2 entries, got 1"),
+    (lambda m: m["rknn"]["subgraphs"][1].update(rknn_file="vae_decoder.rknn"),
+     "rknn.subgraphs[1].rknn_file: expected 'vae_encoder.rknn', got 'vae_decoder.rknn'"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), VAE_BAD)
+def test_a_vae_set_holding_anything_else_is_one_line_naming_the_entry(tmp_path, change, message):
+    folder = write_set(tmp_path / "set", vae_changed(change))
+    assert refusal(lambda: read_manifest(folder, kind="vae")) == f"{folder / MANIFEST}: {message}"
+    assert refusal(lambda: RknnBackend(folder, runtime="simulator")) == f"{folder / MANIFEST}: {message}"
+
+
+def test_an_encoder_file_linking_out_of_the_set_is_refused(tmp_path):
+    folder = write_set(tmp_path / "set", valid_vae_manifest())
+    (folder / "vae_encoder.onnx").symlink_to(tmp_path / "elsewhere.onnx")
+    assert refusal(lambda: read_manifest(folder, kind="vae")) == (
+        f"{folder / MANIFEST}: subgraphs[1].file: 'vae_encoder.onnx' is a link leading out of {folder}")
+
+
 # Property-based: whatever JSON a manifest holds, reading it either succeeds or is one AnimaError line.
 
 JSON = st.recursive(
@@ -379,10 +462,10 @@ def paths(value: Any, prefix: tuple = ()) -> list[tuple]:
 PLACES = paths(valid_manifest())
 
 
-def read_outcome(folder: Path, manifest: Any) -> None:
+def read_outcome(folder: Path, manifest: Any, kind: str | None = "dit") -> None:
     (folder / MANIFEST).write_text(json.dumps(manifest))
     try:
-        assert isinstance(read_manifest(folder), dict)
+        assert isinstance(read_manifest(folder, kind=kind), dict)
     except AnimaError as e:
         assert "\n" not in str(e)
 
@@ -399,3 +482,22 @@ def test_any_json_value_reads_or_is_one_anima_error(manifest):
 def test_a_valid_manifest_with_any_one_field_replaced_reads_or_is_one_anima_error(place, value):
     with tempfile.TemporaryDirectory() as folder:
         read_outcome(Path(folder), changed(place, value))
+
+
+VAE_PLACES = paths(valid_vae_manifest(converted=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(place=st.sampled_from(VAE_PLACES), value=JSON)
+def test_a_valid_vae_manifest_with_any_one_field_replaced_reads_or_is_one_anima_error(place, value):
+    manifest = copy.deepcopy(valid_vae_manifest(converted=True))
+    parent = manifest
+    for key in place[:-1]:
+        parent = parent[key]
+    if place:
+        parent[place[-1]] = value
+    else:
+        manifest = value
+    with tempfile.TemporaryDirectory() as folder:
+        read_outcome(Path(folder), manifest, kind="vae")
+
