@@ -1,7 +1,8 @@
 """The HTTP APIs over one JobQueue, one module of routes per API family:
 
-- a1111.py: AUTOMATIC1111's /sdapi/v1/* (txt2img, progress, interrupt, models, samplers, schedulers, options)
-- openai.py: OpenAI's /v1/models and /v1/images/generations
+- a1111.py: AUTOMATIC1111's /sdapi/v1/* (txt2img, img2img, progress, interrupt, models, samplers, schedulers,
+  upscalers, options)
+- openai.py: OpenAI's /v1/models, /v1/images/generations and /v1/images/edits
 - native.py: the native async jobs, /api/jobs* (and compare with baseline, compare.py)
 - page.py: the web page, GET /
 
@@ -11,8 +12,9 @@ of every family. requests.py has the request helpers they all use; a family impo
 
 Every API only translates a request into GenerationParams and a job, and a job into its answer: the checks,
 the queue and the pictures are the layer below. A bad request is a 4xx with a one-line message, never a 500 or a
-traceback; no request field names a file on the server. The routes carry no return annotation: FastAPI would
-take it for a response model and re-check every answer.
+traceback; no request field names a file on the server: images come as their bytes (base64 or an upload).
+Bodies are bounded by route (requests.py: 1 MiB, 48 MiB where images come), refused with a 413 unread. The
+routes carry no return annotation: FastAPI would take it for a response model and re-check every answer.
 """
 
 from __future__ import annotations
@@ -31,16 +33,39 @@ from fastapi.responses import JSONResponse, Response
 from PIL import Image
 
 from ..errors import AnimaError
+from ..generation.images import IMAGE_FORMATS, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
 from ..generation.params import REQUEST_FIELDS, GenerationParams, build, default, option
 from ..model.lora import LoraRef, named_lora
 from . import a1111, native, openai, page
 from .compare import NotReady
 from .jobs import Job, JobQueue, QueueFull
-from .requests import BadRequest, JobNotFound, _number, request_values
+from .requests import (
+    MAX_BODY_BYTES,  # noqa: F401  (where it was: the limit of a request without images)
+    MAX_IMAGE_BODY_BYTES,
+    BadRequest,
+    BodyTooLarge,
+    JobNotFound,
+    _number,
+    body_limit,
+    error_answer,
+    request_values,
+    too_large,
+)
 
-MAX_BODY_BYTES = 1 << 20
 PUBLIC_PATHS = ("/",)  # the page itself; everything it calls needs the credentials
 MAX_IMAGES = 8  # batch_size * n_iter, n
+
+
+def _kind_details(kind: str) -> dict[str, Any]:
+    """What a client must know to send a setting of this kind beyond its range: how an image is encoded and bounded,
+    what outpaint's list holds."""
+    if kind == "image":
+        return {"encoding": "base64 of the file's bytes, or a data:image/...;base64, URL", "max_bytes": MAX_IMAGE_BYTES,
+                "max_pixels": MAX_IMAGE_PIXELS, "max_body_bytes": MAX_IMAGE_BODY_BYTES,
+                "formats": list(IMAGE_FORMATS)}
+    if kind == "outpaint":
+        return {"items": ["left", "top", "right", "bottom"]}
+    return {}
 
 
 class Server:
@@ -68,21 +93,54 @@ class Server:
                 "seed": default("seed", "request"), "cache": self.default_cache}
 
     def limits(self) -> dict[str, int]:
-        """This server's bounds, tighter than the table's (--max-side, --max-steps)."""
-        return {"width": self.max_side, "height": self.max_side, "steps": self.max_steps}
+        """This server's bounds, tighter than the table's (--max-side, --max-steps); the hires fix's size and steps
+        count too."""
+        return {"width": self.max_side, "height": self.max_side, "steps": self.max_steps,
+                "hires_width": self.max_side, "hires_height": self.max_side, "hires_steps": self.max_steps}
 
     def params(self, body: dict[str, Any]) -> GenerationParams:
         """A request's settings: its fields as the settings table names them (generation.params.REQUEST_FIELDS),
-        over request_defaults(), with the server's own settings (SERVER_SETTINGS), which no request chooses."""
-        values = self.request_defaults() | request_values(body)
-        if not all(16 <= values[side] <= self.max_side for side in ("width", "height")):
-            raise BadRequest(f"width and height must be from 16 to {self.max_side}")
+        over request_defaults(), with the server's own settings (SERVER_SETTINGS), which no request chooses.
+        With an init image, a width or height not given is the image's (as build() makes it), then bounded as a
+        given one; the hires size and an only-masked inpainting's output (the init image's size) are too."""
+        given = request_values(body)
+        defaults = self.request_defaults()
+        if given.get("init_image") is not None:
+            defaults = {key: value for key, value in defaults.items() if key not in ("width", "height")}
+        values = defaults | given
         if not 1 <= values["steps"] <= self.max_steps:
             raise BadRequest(f"steps must be from 1 to {self.max_steps}")
+        if not 0 <= values.get("hires_steps", 0) <= self.max_steps:
+            raise BadRequest(f"hr_second_pass_steps must be from 0 (as steps) to {self.max_steps}")
         values["loras"] = self._named_loras(values.get("loras") or [])
         params = build(values | self.engine, native_size=self.native_size, lora_dir=self.lora_dir)
+        if not all(isinstance(side, int) and 16 <= side <= self.max_side for side in (params.width, params.height)):
+            size = (" (the init image's size, grown by the outpainting, unless given)"
+                    if params.init_image is not None else "")
+            raise BadRequest(f"width and height{size} must be from 16 to {self.max_side}, got {params.width}x"
+                             f"{params.height}")
         params.validate()
+        self._check_output_size(params)
         return params
+
+    def _check_output_size(self, params: GenerationParams) -> None:
+        """Neither the hires pass nor an only-masked inpainting (which keeps the whole init image) makes a picture
+        with a side over this server's --max-side."""
+        if params.hires:
+            width, height = params.hires_size()
+            if max(width, height) > self.max_side:
+                raise BadRequest(f"the hires fix would make a {width}x{height} picture; this server's largest side "
+                                 f"is {self.max_side} px: lower hr_scale, or hr_resize_x / hr_resize_y")
+        if params.init_image is not None and params.inpaint_area == "masked" and (
+                params.mask is not None or params.outpaint is not None):
+            width, height = params.init_image.size()
+            if params.outpaint is not None:
+                width, height = width + params.outpaint[0] + params.outpaint[2], height + params.outpaint[1] + \
+                    params.outpaint[3]
+            if max(width, height) > self.max_side:
+                raise BadRequest(f"inpainting only the masked area keeps the init image's size, {width}x{height}; this "
+                                 f"server's largest side is {self.max_side} px: inpaint the whole picture "
+                                 "(inpaint_area whole) or send a smaller image")
 
     def request_settings(self) -> list[dict[str, Any]]:
         """The settings a request may give, as this server applies them: the table's entries (generation.params)
@@ -90,7 +148,7 @@ class Server:
         defaults, limits = self.request_defaults(), self.limits()
         return [{"field": field, "setting": name, "kind": setting.kind, "help": setting.help,
                  "default": defaults.get(name, default(name, "request")), "low": setting.low,
-                 "high": limits.get(name, setting.high), "choices": list(setting.choices)}
+                 "high": limits.get(name, setting.high), "choices": list(setting.choices)} | _kind_details(setting.kind)
                 for field, name in REQUEST_FIELDS.items() for setting in [option(name)]
                 if setting.kind not in ("loras", "cache_options")]
 
@@ -129,33 +187,37 @@ class Server:
             given = request.headers.get("authorization", "")
             if self.credentials and request.url.path not in PUBLIC_PATHS and not any(
                     hmac.compare_digest(given.encode(), expected.encode()) for expected in self.credentials):
-                return JSONResponse({"error": "authentication required"}, status_code=401,
+                return error_answer(request, "authentication required", 401,
                                     headers={"WWW-Authenticate": 'Basic realm="anima-rknn"'})
             try:
                 length = int(request.headers.get("content-length") or 0)
             except ValueError:
-                return JSONResponse({"error": "bad Content-Length"}, status_code=400)
-            if length > MAX_BODY_BYTES:
-                return JSONResponse({"error": f"request body over {MAX_BODY_BYTES} bytes"}, status_code=413)
+                return error_answer(request, "bad Content-Length", 400)
+            if length > body_limit(request.url.path, request.method):  # refused before a byte of it is read
+                return error_answer(request, str(too_large(request.url.path, request.method)), 413)
             return await call_next(request)
 
         # Starlette answers with the handler of the nearest class in the error's MRO: NotReady, an AnimaError, is a 409.
         @app.exception_handler(AnimaError)
         async def anima_error(request: Request, e: AnimaError) -> JSONResponse:
-            return JSONResponse({"error": str(e)}, status_code=429 if isinstance(e, QueueFull) else 400)
+            return error_answer(request, str(e), 429 if isinstance(e, QueueFull) else 400)
 
         @app.exception_handler(RequestValidationError)
         async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
             first = e.errors()[0] if e.errors() else {}
-            return JSONResponse({"error": f"invalid request: {first.get('msg', 'malformed')}"}, status_code=422)
+            return error_answer(request, f"invalid request: {first.get('msg', 'malformed')}", 422)
+
+        @app.exception_handler(BodyTooLarge)
+        async def body_too_large(request: Request, e: BodyTooLarge) -> JSONResponse:
+            return error_answer(request, str(e), 413)
 
         @app.exception_handler(JobNotFound)
         async def not_found(request: Request, e: JobNotFound) -> JSONResponse:
-            return JSONResponse({"error": f"no job {e.args[0][:40]!r}"}, status_code=404)
+            return error_answer(request, f"no job {e.args[0][:40]!r}", 404)
 
         @app.exception_handler(NotReady)
         async def not_ready(request: Request, e: NotReady) -> JSONResponse:
-            return JSONResponse({"error": str(e)}, status_code=409)
+            return error_answer(request, str(e), 409)
 
         for family in (a1111, openai, native, page):
             app.include_router(family.routes(self))

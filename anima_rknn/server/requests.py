@@ -1,27 +1,69 @@
-"""What every API does with a request: read its JSON body and fields, find the job it names, refuse it with a 4xx.
+"""What every API does with a request: read its body (bounded) and fields, find the job it names, refuse it with
+a 4xx.
 
 Its own module so that app.py and each API family share it without importing one another.
+
+Bodies are bounded by route: MAX_BODY_BYTES for every request, MAX_IMAGE_BODY_BYTES for the routes that carry
+images (IMAGE_ROUTES), where a body over MAX_BODY_BYTES must hold an image. A declared Content-Length over the
+limit is refused before a byte is read (app.py's guard); a body sent without one (chunked) is counted as it
+arrives and refused the moment it passes the limit, never parsed.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import re
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import JSONResponse
+from starlette.datastructures import FormData
+from starlette.formparsers import MultiPartException, MultiPartParser
 
-from ..checks import is_number
+from ..checks import is_integer, is_number
 from ..errors import AnimaError
-from ..generation.params import REQUEST_FIELDS, option
+from ..generation.images import ImageInput
+from ..generation.params import MAX_SIDE, REQUEST_FIELDS, option
 from .jobs import Job, JobQueue
+
+MAX_BODY_BYTES = 1 << 20  # a request without images
+# A request with images (base64 in JSON, or a multipart upload): an init image and a mask of up to ~36 MiB
+# together as base64, which is 4/3 of the bytes. (generation.images.MAX_IMAGE_BYTES bounds one decoded image.)
+MAX_IMAGE_BODY_BYTES = 48 << 20
+IMAGE_ROUTES = ("/sdapi/v1/img2img", "/v1/images/edits", "/api/jobs")  # POST; the native submit when it has images
+IMAGE_FIELDS = ("init_image", "mask", "init_images")  # the request fields that carry an image (A1111's too)
+_DATA_URL = re.compile(r"data:image/[A-Za-z0-9.+-]+(;[^,;]*)*;base64,")
+_WHITESPACE = re.compile(rb"\s+")
 
 
 class BadRequest(AnimaError):
     pass
 
 
+class BodyTooLarge(Exception):
+    """A 413: the request body is over its route's limit."""
+
+
 class JobNotFound(Exception):
     pass
+
+
+def _mib(limit: int) -> str:
+    return f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit} bytes"
+
+
+def body_limit(path: str, method: str) -> int:
+    """The most bytes a request's body may have on this route."""
+    return MAX_IMAGE_BODY_BYTES if method == "POST" and path in IMAGE_ROUTES else MAX_BODY_BYTES
+
+
+def too_large(path: str, method: str) -> BodyTooLarge:
+    limit = body_limit(path, method)
+    where = "" if limit == MAX_IMAGE_BODY_BYTES else f" ({_mib(MAX_IMAGE_BODY_BYTES)} on the routes that take images)"
+    return BodyTooLarge(f"request body over {_mib(limit)}{where}")
 
 
 def _number(body: dict[str, Any], key: str, default: Any) -> Any:
@@ -40,10 +82,41 @@ def _text(body: dict[str, Any], key: str, default: str) -> str:
     return value
 
 
+def decode_image(field: str, value: Any) -> ImageInput:
+    """A request's image: base64 of the file's bytes, plain or as a data:image/...;base64, URL (line breaks
+    allowed, nothing else outside the base64 alphabet). A path, a URL or anything else is refused: the server
+    never opens a file or fetches anything a request names. The bytes are read as an image by the pipeline's
+    checks at submit (a truncated file or a bomb is a 400 then)."""
+    refused = BadRequest(f"{field} must be base64-encoded image bytes (plain or a data:image/...;base64, URL); the "
+                         "server never opens a path")
+    if isinstance(value, ImageInput):  # an upload a route has read already (multipart); never from JSON
+        return value
+    if not isinstance(value, str):
+        raise refused
+    prefix = _DATA_URL.match(value)
+    text = value[prefix.end():] if prefix else value
+    try:
+        data = base64.b64decode(_WHITESPACE.sub(b"", text.encode("ascii")), validate=True)
+    except (UnicodeEncodeError, binascii.Error, ValueError):
+        raise refused from None
+    if not data:
+        raise refused
+    return ImageInput.from_bytes(data, field)
+
+
+def _outpaint(field: str, value: Any) -> tuple[int, int, int, int]:
+    if not (isinstance(value, list) and len(value) == 4 and all(is_integer(v) and 0 <= v <= MAX_SIDE
+                                                                 for v in value)):
+        raise BadRequest(f"{field} must be a list of four pixel counts from 0 to {MAX_SIDE}: [left, top, right, "
+                         "bottom]")
+    return tuple(int(v) for v in value)
+
+
 def request_values(body: dict[str, Any]) -> dict[str, Any]:
     """The settings a request gives, by setting name: each field the settings table names for requests
     (generation.params.REQUEST_FIELDS), type-checked; null is not given. Ranges are the settings' own checks
-    (GenerationParams.validate); "loras" stays as sent, names for Server._named_loras."""
+    (GenerationParams.validate); "loras" stays as sent, names for Server._named_loras. Images are base64
+    (decode_image), outpaint a list of four pixel counts."""
     values: dict[str, Any] = {}
     for field, name in REQUEST_FIELDS.items():
         if body.get(field) is None:
@@ -60,19 +133,73 @@ def request_values(body: dict[str, Any]) -> dict[str, Any]:
             raise BadRequest(f"{field} must be an object")
         elif setting.kind == "bool" and not isinstance(body[field], bool):
             raise BadRequest(f"{field} must be true or false")
+        elif setting.kind == "image":
+            values[name] = decode_image(field, body[field])
+        elif setting.kind == "outpaint":
+            values[name] = _outpaint(field, body[field])
         else:
             values[name] = body[field]
     return values
 
 
+async def _bounded(request: Request) -> AsyncIterator[bytes]:
+    """The body's chunks as they arrive, refused once they pass the route's limit (a body without a
+    Content-Length is not trusted to be small)."""
+    limit, seen = body_limit(request.url.path, request.method), 0
+    async for chunk in request.stream():
+        seen += len(chunk)
+        if seen > limit:
+            raise too_large(request.url.path, request.method)
+        yield chunk
+
+
+async def read_body(request: Request) -> bytes:
+    return b"".join([chunk async for chunk in _bounded(request)])
+
+
+def _has_image(body: dict[str, Any]) -> bool:
+    return any(body.get(field) not in (None, "", []) for field in IMAGE_FIELDS)
+
+
 async def json_body(request: Request) -> dict[str, Any]:
+    raw = await read_body(request)
     try:
-        body = json.loads(await request.body() or b"{}")
+        body = json.loads(raw or b"{}")
     except (ValueError, RecursionError):
         raise BadRequest("the request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
+    if len(raw) > MAX_BODY_BYTES and not _has_image(body):  # the image routes' limit is for images
+        raise BodyTooLarge(f"request body over {_mib(MAX_BODY_BYTES)} without an image in it")
     return body
+
+
+async def form_body(request: Request, *, max_files: int = 4, max_fields: int = 64) -> FormData:
+    """A multipart/form-data body (OpenAI's uploads), read within the route's limit: files are spooled to disk
+    past 1 MiB, a text field is at most 1 MiB."""
+    from starlette import formparsers
+
+    if formparsers.multipart is None:
+        raise BadRequest("this server cannot read uploads: install python-multipart (pip install python-multipart)")
+    kind = request.headers.get("content-type", "")
+    if not kind.lower().startswith("multipart/form-data"):
+        raise BadRequest(f"send this request as multipart/form-data, got {kind[:60] or 'no Content-Type'}")
+    try:
+        return await MultiPartParser(request.headers, _bounded(request), max_files=max_files,
+                                     max_fields=max_fields).parse()
+    except MultiPartException as e:
+        raise BadRequest(f"the request body is not valid multipart/form-data: {e.message}") from None
+
+
+def error_answer(request: Request, message: str, status: int, headers: dict[str, str] | None = None) -> JSONResponse:
+    """A refused request's answer: {"error": "one line"}, or under /v1/ OpenAI's shape, {"error": {"message": ...,
+    "type": ...}}, the one whose message the openai client shows (it shows only the status for any other)."""
+    if request.url.path.startswith("/v1/"):
+        kind = "server_error" if status >= 500 else "rate_limit_error" if status == 429 else "invalid_request_error"
+        error: Any = {"message": message, "type": kind, "param": None, "code": None}
+    else:
+        error = message
+    return JSONResponse({"error": error}, status_code=status, headers=headers)
 
 
 def job_or_404(queue: JobQueue, job_id: str) -> Job:

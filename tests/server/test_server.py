@@ -8,11 +8,14 @@ import http.client
 import io
 import json
 import socket
+import struct
 import threading
 import time
 import urllib.error
 import urllib.request
+import zlib
 
+import numpy as np
 import pytest
 import uvicorn
 from PIL import Image
@@ -24,6 +27,45 @@ webuiapi = pytest.importorskip("webuiapi")
 openai = pytest.importorskip("openai")
 
 SMALL = {"width": 64, "height": 64, "steps": 2}
+SQUARE = (24, 24, 40, 40)  # square_mask's white square: left, top, right, bottom (exclusive)
+
+
+# ---- images a request may carry (test_server_img2img.py uses them too) ----------------------------------
+
+def png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def noise_image(width: int = 64, height: int = 64, seed: int = 0) -> Image.Image:
+    """Noise over a gradient: every pixel its own, so 'unchanged' means unchanged."""
+    rng = np.random.default_rng(seed)
+    ramp = np.linspace(0, 200, width, dtype=np.float32)[None, :, None]
+    return Image.fromarray(np.clip(ramp + rng.integers(0, 56, (height, width, 3)), 0, 255).astype(np.uint8))
+
+
+def square_mask(size: int = 64) -> Image.Image:
+    """An inpainting mask: white (repaint) in SQUARE, black elsewhere."""
+    mask = Image.new("L", (size, size), 0)
+    mask.paste(255, SQUARE)
+    return mask
+
+
+def bomb_png() -> bytes:
+    """A tiny real PNG whose header claims 30000 x 30000 pixels (its CRC made right): a decompression bomb."""
+    data = bytearray(png(Image.new("RGB", (8, 8))))
+    data[16:24] = struct.pack(">II", 30000, 30000)
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+    return bytes(data)
+
+
+PNG, MASK = png(noise_image()), png(square_mask())
+IMG2IMG = {"prompt": "x", **SMALL}
 
 
 def _free_port() -> int:
@@ -178,24 +220,80 @@ def test_cancel_stops_a_long_job_at_a_step_boundary(server):
     ("/api/jobs", {"prompt": 5, **SMALL}, 400, "prompt must be a string"),
     ("/api/jobs", {"prompt": "x", "seed": 2**64, **SMALL}, 400, "seed must be an integer"),
     ("/api/jobs/nope", None, 404, "no job"),
+    # Images: their bytes only, checked whole before a job is made.
+    ("/sdapi/v1/img2img", {**IMG2IMG, "init_images": [b64(b"this is no image at all")]}, 400, "not an image"),
+    ("/sdapi/v1/img2img", {**IMG2IMG, "init_images": [b64(PNG[: len(PNG) // 2])]}, 400, "truncated or corrupt"),
+    ("/sdapi/v1/img2img", {**IMG2IMG, "init_images": [b64(bomb_png())]}, 400, "refused before decoding"),
+    ("/sdapi/v1/img2img", {**IMG2IMG, "init_images": ["/etc/passwd"]}, 400, "the server never opens a path"),
+    ("/sdapi/v1/img2img", {**IMG2IMG, "init_images": ["C:\\x.png"]}, 400, "the server never opens a path"),
+    ("/sdapi/v1/img2img", {**IMG2IMG, "init_images": ["file:///etc/passwd"]}, 400, "never opens a path"),
+    ("/sdapi/v1/img2img", {**IMG2IMG, "init_images": [5]}, 400, "must be base64-encoded image bytes"),
+    ("/sdapi/v1/img2img", {**IMG2IMG, "init_images": []}, 400, "init_images must be a list holding one"),
+    ("/sdapi/v1/img2img", {**IMG2IMG, "init_images": [b64(PNG)] * 2}, 400, "takes one per request"),
+    ("/sdapi/v1/img2img", {**IMG2IMG, "init_images": [b64(PNG)], "mask": b64(png(square_mask(32)))}, 400,
+     "the mask is 32x32 px, the init image 64x64"),
+    ("/sdapi/v1/img2img", {**IMG2IMG, "init_images": [b64(PNG)], "mask": b64(png(Image.new("L", (64, 64))))},
+     400, "the mask is empty"),
+    ("/sdapi/v1/img2img", {**IMG2IMG, "init_images": [b64(PNG)], "denoising_strength": 1.5}, 400,
+     "strength must be a finite number from 0 to 1"),
+    ("/sdapi/v1/img2img", {**IMG2IMG, "init_images": [b64(PNG)], "denoising_strength": -1}, 400,
+     "strength must be a finite number from 0 to 1"),
+    ("/sdapi/v1/img2img", {**IMG2IMG, "init_images": [b64(PNG)], "denoising_strength": "NaN"}, 400,
+     "denoising_strength must be a finite number"),
+    ("/sdapi/v1/img2img", {**IMG2IMG, "init_images": [b64(PNG)], "resize_mode": 3}, 400,
+     "resize_mode 3 (just resize, latent upscale) is not supported here; use 0 (just resize), 1 (crop and resize)"),
+    ("/sdapi/v1/img2img", {**IMG2IMG, "init_images": [b64(PNG)], "mask": b64(MASK), "inpainting_fill": 7}, 400,
+     "inpainting_fill must be one of 0 (fill), 1 (original)"),
+    ("/sdapi/v1/txt2img", {**IMG2IMG, "width": 256, "height": 256, "enable_hr": True, "hr_scale": 8}, 400,
+     "the hires fix would make a 2048x2048 picture; this server's largest side is 1024 px"),
+    ("/sdapi/v1/txt2img", {**IMG2IMG, "enable_hr": True, "hr_upscaler": "R-ESRGAN 4x+"}, 400,
+     "unknown hires upscaler"),
+    ("/sdapi/v1/txt2img", {**IMG2IMG, "enable_hr": True, "hr_prompt": "another"}, 400, "hr_prompt: the hires pass"),
+    ("/sdapi/v1/txt2img", {**IMG2IMG, "enable_hr": True, "hr_second_pass_steps": 151}, 400,
+     "hr_second_pass_steps must be from 0 (as steps) to 150"),
+    ("/api/jobs", {**IMG2IMG, "init_image": "/etc/passwd"}, 400,
+     "init_image must be base64-encoded image bytes (plain or a data:image/...;base64, URL); the server never opens"),
+    ("/api/jobs", {**IMG2IMG, "init_image": b64(PNG), "outpaint": [1, 2, 3]}, 400, "outpaint must be a list of four"),
+    ("/api/jobs", {**IMG2IMG, "init_image": b64(PNG), "outpaint": [0, -1, 0, 0]}, 400, "outpaint must be a list"),
+    ("/api/jobs", {**IMG2IMG, "mask": b64(MASK)}, 400, "a mask needs an init image"),
+    ("/api/jobs", {**IMG2IMG, "init_image": b64(PNG), "inpainting_fill": 0}, 400, "inpainting_fill must be a string"),
+    ("/api/jobs", {"prompt": "x", "init_image": b64(png(noise_image(1040, 16)))}, 400,
+     "width and height (the init image's size, grown by the outpainting, unless given) must be from 16 to 1024"),
+    ("/api/jobs", {**IMG2IMG, "init_image": b64(PNG), "denoising_strength": 0}, 400, "strength 0.0 runs no step of 2"),
+    ("/api/jobs", {**SMALL, "prompt": "x", "padding": "x" * (1 << 20)}, 413, "over 1 MiB without an image in it"),
 ])
 def test_bad_requests_get_a_4xx_with_one_line(server, path, body, code, pattern):
-    url, _ = server
+    """Each refused with one line, and nothing left behind: no job, no kept upload."""
+    url, queue = server
+    before = len(queue.recent(10_000))
     got, answer = call(f"{url}{path}", body)
     assert got == code, answer
-    assert pattern in answer["error"] and "\n" not in answer["error"] and "Traceback" not in answer["error"]
+    message = error_message(path, answer)
+    assert pattern in message and "\n" not in message and "Traceback" not in message
+    assert len(queue.recent(10_000)) == before and not list(queue.inputs.iterdir())
 
 
-def test_a_huge_body_is_refused_before_it_is_read(server):
+def error_message(path: str, answer: dict) -> str:
+    """A refusal's one line: {"error": LINE}, or under /v1/ OpenAI's {"error": {"message": LINE, "type": ...}}."""
+    if path.startswith("/v1/"):
+        assert answer["error"]["type"] == "invalid_request_error", answer
+        return answer["error"]["message"]
+    return answer["error"]
+
+
+@pytest.mark.parametrize("path", ["/sdapi/v1/txt2img", "/v1/images/generations", "/api/jobs/x/cancel"])
+def test_a_huge_body_is_refused_before_it_is_read(server, path):
+    """1 MiB on every route that takes no image (those that do: test_server_img2img.py)."""
     url, _ = server
     host, port = url.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=30)
-    connection.putrequest("POST", "/api/jobs")
+    connection.putrequest("POST", path)
     connection.putheader("Content-Type", "application/json")
     connection.putheader("Content-Length", str(2 << 20))
     connection.endheaders()  # the 2 MiB never follow: the answer must not wait for them
     response = connection.getresponse()
-    assert response.status == 413 and "request body over" in json.loads(response.read())["error"]
+    message = error_message(path, json.loads(response.read()))
+    assert response.status == 413 and message.startswith("request body over 1 MiB (48 MiB on the routes that take")
     connection.close()
 
 
