@@ -5,11 +5,17 @@ server finds every job again: queued ones run, and the one that was running resu
 The worker is one thread: one NPU, one set of CPU cores. Every job runs through the one job runner
 (jobs.runner.JobRunner) with its step events (progress, ETA, a live preview) and its checkpoints (cancel = a stop
 at the next step boundary).
+
+An uploaded init image or mask is kept beside them, content-addressed (`data_dir/inputs/<sha256>.img`, written
+before the job is queued), because the job's saved settings hold only its fingerprint: a queued or stopped
+img2img job is given its bytes again after a restart, and one whose input has gone fails with that reason. An
+input is removed once no unfinished job needs it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import secrets
@@ -20,9 +26,10 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from ..core.files import output_folder
+from ..core.files import Unreadable, output_folder, read_small_file, write_bytes
 from ..errors import AnimaError
-from ..generation.params import SETTINGS, GenerationParams, settings_of
+from ..generation.images import MAX_IMAGE_BYTES, ImageInput
+from ..generation.params import IMAGE_SETTINGS, SETTINGS, GenerationParams, settings_of
 from ..generation.pipeline import AnimaPipeline
 from ..generation.resume import Interrupted, default_state_path
 from ..jobs.runner import JobRunner, saved_state
@@ -31,6 +38,7 @@ from ..vae.preview import projection_for
 
 STATES = ("queued", "generating", "completed", "failed", "cancelled")
 FINISHED = ("completed", "failed", "cancelled")
+INPUTS = "inputs"  # the folder of data_dir that holds the jobs' uploaded images
 
 
 class QueueFull(AnimaError):
@@ -43,7 +51,8 @@ class Job:
     params: GenerationParams
     created: float
     state: str = "queued"
-    step: int = 0
+    step: int = 0  # steps done, over all the passes of the run
+    total: int = 0  # the steps the run makes over all its passes (img2img: fewer than params.steps); from params
     eta_s: float | None = None
     error: str | None = None
     summary: dict[str, Any] | None = None  # computed/skipped steps, passes, timings: once completed
@@ -51,12 +60,29 @@ class Job:
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
 
+    def __post_init__(self) -> None:
+        if not self.total:
+            self.total = total_steps(self.params)
+
     def status(self, position: int | None) -> dict[str, Any]:
+        # "steps": what "step" counts up to, the steps of every pass (the setting itself is params.steps).
         return {"id": self.id, "state": self.state, "queue_position": position, "step": self.step,
-                "steps": self.params.steps, "eta_s": self.eta_s, "error": self.error, "created": self.created,
+                "steps": self.total, "eta_s": self.eta_s, "error": self.error, "created": self.created,
                 "seed": self.params.seed, "params": settings_of(self.params) | {"loras": [
                     {"name": ref.name, "scale": ref.scale} for ref in self.params.loras]},  # not the server's paths
                 "result": self.summary}
+
+
+def total_steps(params: GenerationParams) -> int:
+    """The steps a run makes over all its passes, as its step events count them."""
+    try:
+        return sum(p.steps_run for p in params.passes())
+    except AnimaError:  # a job loaded with settings this version cannot schedule: it fails when run
+        return params.steps
+
+
+def image_inputs(params: GenerationParams) -> list[ImageInput]:
+    return [image for name in IMAGE_SETTINGS if (image := getattr(params, name)) is not None]
 
 
 class JobQueue:
@@ -77,6 +103,9 @@ class JobQueue:
         self._db = sqlite3.connect(self.data_dir / "jobs.sqlite", check_same_thread=False)
         self._db.execute("CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, created REAL, state TEXT, "
                          "params TEXT, summary TEXT, error TEXT)")
+        self._db.commit()  # jobs.sqlite marks the folder as this server's before anything else goes in
+        self.inputs = self.data_dir / INPUTS
+        self.inputs.mkdir(exist_ok=True)
         self._load()
         self._stopping = False
         self._worker = threading.Thread(target=self._work, name="anima-jobs", daemon=True)
@@ -91,17 +120,64 @@ class JobQueue:
             self._db.commit()
 
     def _load(self) -> None:
-        """Jobs of an earlier run of the server: finished ones are listed, the others queued again in order."""
+        """Jobs of an earlier run of the server: finished ones are listed, the others queued again in order, their
+        uploaded images read back (one whose image has gone fails, saying so)."""
         for job_id, created, state, params, summary, error in self._db.execute(
-                "SELECT id, created, state, params, summary, error FROM jobs ORDER BY created"):
+                "SELECT id, created, state, params, summary, error FROM jobs ORDER BY created").fetchall():
             job = Job(job_id, GenerationParams(**json.loads(params), **self.engine), created, state, error=error,
                       summary=json.loads(summary) if summary else None)
             self._jobs[job_id] = job
             if state in FINISHED:
                 job.done.set()
-            else:
-                job.state = "queued"
-                self._waiting.append(job)
+                continue
+            try:
+                job.params = self._with_inputs(job.params)
+            except AnimaError as e:
+                job.state, job.error = "failed", str(e)
+                default_state_path(self.image_path(job)).unlink(missing_ok=True)  # nothing can resume it
+                self._save(job)
+                job.done.set()
+                continue
+            job.state = "queued"
+            self._waiting.append(job)
+        self._remove_unused_inputs()
+
+    def _input_path(self, image: ImageInput) -> Path:
+        return self.inputs / f"{image.sha256}.img"
+
+    def _keep_inputs(self, params: GenerationParams) -> None:
+        """The job's uploaded images on disk, by sha256 (an image already there is the same bytes)."""
+        for image in image_inputs(params):
+            if not self._input_path(image).is_file():
+                write_bytes(self._input_path(image), image.data, overwrite=True)
+
+    def _with_inputs(self, params: GenerationParams) -> GenerationParams:
+        """`params` with its fingerprint-only images given their bytes from the inputs folder."""
+        found = {}
+        for name in IMAGE_SETTINGS:
+            image = getattr(params, name)
+            if image is None or image.data is not None:
+                continue
+            label = name.replace("_", " ")
+            try:
+                data = read_small_file(self._input_path(image), MAX_IMAGE_BYTES)
+            except Unreadable as e:
+                raise AnimaError(f"the job's {label} (sha256 {image.sha256[:12]}...) is gone from the server's "
+                                 f"{INPUTS} folder ({e}): submit the job again") from None
+            if hashlib.sha256(data).hexdigest() != image.sha256:
+                raise AnimaError(f"the job's {label} in the server's {INPUTS} folder is not the image it was given "
+                                 f"(sha256 {image.sha256[:12]}...): submit the job again")
+            found[name] = ImageInput(data, image.name, image.sha256)
+        return dataclasses.replace(params, **found) if found else params
+
+    def _remove_unused_inputs(self) -> None:
+        """Every input that no unfinished job needs (a finished job's record keeps only the fingerprint)."""
+        with self._lock:
+            needed = {self._input_path(image).name for job in self._jobs.values() if job.state not in FINISHED
+                      for image in image_inputs(job.params)}
+            for path in self.inputs.iterdir():
+                if path.name not in needed:
+                    path.unlink(missing_ok=True)
 
     # ---- the API ------------------------------------------------------------------------------------------
 
@@ -128,6 +204,8 @@ class JobQueue:
             if len(self._waiting) + len(jobs) > self.max_queue:
                 raise QueueFull(f"the queue is full ({len(self._waiting)} of {self.max_queue} jobs waiting, "
                                 f"{len(jobs)} asked for); try again later")
+            for params in batch:  # under the lock: a job finishing now cannot remove what these need
+                self._keep_inputs(params)
             for job in jobs:
                 self._jobs[job.id] = job
                 self._waiting.append(job)
@@ -165,6 +243,8 @@ class JobQueue:
     def _finish(self, job: Job, state: str, error: str | None = None) -> None:
         job.state, job.error, job.preview = state, error, None
         self._save(job)
+        if image_inputs(job.params):
+            self._remove_unused_inputs()
         job.done.set()
 
     def _work(self) -> None:
@@ -184,7 +264,7 @@ class JobQueue:
                     self.current = None
 
     def _on_step(self, job: Job, event: StepEvent) -> None:
-        job.step, job.eta_s = event.step, event.eta_s
+        job.step, job.total, job.eta_s = event.step, event.total, event.eta_s
         image = self.projection.to_image(event.x0, 4)
         buffer = io.BytesIO()
         image.save(buffer, format="PNG", compress_level=1)
