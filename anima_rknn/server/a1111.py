@@ -1,21 +1,32 @@
 """AUTOMATIC1111's API, /sdapi/v1/*: what the WebUI's own clients (webuiapi, its extensions) call.
 
-txt2img answers only once its images are done, as WebUI's does; /progress and /interrupt act on the job running
-now, whichever API submitted it. Samplers go by A1111's display names ("Euler a", "DPM++ 2M SDE") or ours; a name
-this server lacks is refused with the list, never replaced by another sampler as WebUI would.
+txt2img and img2img answer only once their images are done, as WebUI's do; /progress and /interrupt act on the
+job running now, whichever API submitted it, its progress over all the steps it runs (an img2img job runs
+round(steps x denoising_strength), a hires one two passes). Samplers go by A1111's display names ("Euler a",
+"DPM++ 2M SDE") or ours; a name this server lacks is refused with the list, never replaced by another sampler as
+WebUI would.
+
+A1111's request fields become the settings table's in one place, a1111_body: its numbered choices (resize_mode,
+inpainting_fill), its 0/1 flags, inpaint_full_res, mask_blur_x / mask_blur_y, and the fields its clients send
+on every call whatever they ask for (webuiapi: the hires fields and denoising_strength on every txt2img, the mask
+fields on every img2img), which are ignored where they do not apply, as WebUI ignores them. What WebUI would do
+that this server cannot is refused with a 400 saying so, never done differently: a latent resize mode, several
+init images, an upscaler model, another prompt or sampler for the hires pass.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from ..errors import AnimaError
-from ..generation.params import default
+from ..generation.images import INPAINT_AREAS, MASKED_CONTENT, RESIZE_MODES
+from ..generation.params import HIRES_UPSCALERS, GenerationParams, default
 from ..sampling.samplers import SAMPLERS, call_sigmas, sampler_name
 from ..sampling.schedule import (
     A1111_SCHEDULES,
@@ -24,6 +35,7 @@ from ..sampling.schedule import (
     flow_sigmas,
     schedule_name,
 )
+from .jobs import Job
 from .requests import BadRequest, _number, json_body
 
 if TYPE_CHECKING:
@@ -53,10 +65,126 @@ def sampler_and_scheduler(sampler: Any, scheduler: Any) -> tuple[str, Any]:
         raise BadRequest(str(unknown)) from None
 
 
-def a1111_body(body: dict[str, Any]) -> dict[str, Any]:
-    """The request as the settings table reads it. sampler_name wins over the older sampler_index, as in WebUI.
-    eta and s_noise are dropped for a sampler that has none, as WebUI ignores them there: its clients send them on
-    every call (webuiapi: eta 1, s_noise 1, whatever the sampler). The native API refuses them instead."""
+# A1111's numbered choices (its API takes the numbers; ours are taken too).
+RESIZE_MODE_NUMBERS = dict(enumerate(RESIZE_MODES))  # 0 just resize, 1 crop and resize, 2 resize and fill
+INPAINTING_FILL_NUMBERS = dict(enumerate(MASKED_CONTENT))  # 0 fill, 1 original, 2 latent noise, 3 latent nothing
+# img2img's defaults where WebUI's API differs from the table (StableDiffusionProcessingImg2Img): a client that
+# leaves them out gets what WebUI would do. Only with a mask (or an outpainting).
+IMG2IMG_MASK_DEFAULTS = {"inpainting_fill": 0, "inpaint_full_res": True, "inpaint_full_res_padding": 0}
+# The fields of the hires fix (txt2img with enable_hr) and of a mask: ignored where they do not apply.
+HIRES_FIELDS = ("enable_hr", "hr_scale", "hr_resize_x", "hr_resize_y", "hr_second_pass_steps", "hr_upscaler",
+                "hr_cache", "hr_prompt", "hr_negative_prompt", "hr_sampler_name", "hr_scheduler", "denoising_strength")
+MASK_FIELDS = ("mask_blur", "mask_blur_x", "mask_blur_y", "inpainting_mask_invert", "inpainting_fill",
+               "inpaint_full_res", "inpaint_full_res_padding", "inpaint_area")
+IMAGE_REQUEST_FIELDS = ("init_image", "mask", "outpaint")  # the table's own; A1111's img2img sends init_images
+# A1111's upscalers this server has: "None" resizes the picture with Lanczos in WebUI (images.resize_image).
+UPSCALER_LABELS = {"None": "lanczos", "Lanczos": "lanczos"}
+LATENT_UPSCALE_MODES = ("Latent", "Latent (bicubic)", "Latent (nearest-exact)")
+
+
+def _choice(body: dict[str, Any], field: str, numbers: dict[int, str],
+            refused: dict[int, str] | None = None) -> str | None:
+    """A numbered choice as ours: A1111's number, or our name; None when not given. `refused`: A1111's numbers
+    this server lacks, with what they mean."""
+    value = body.get(field)
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value in numbers:
+        return numbers[value]
+    if isinstance(value, str) and value in numbers.values():
+        return value
+    listed = ", ".join(f"{number} ({name.replace('_', ' ')})" for number, name in numbers.items())
+    if isinstance(value, int) and value in (refused or {}):
+        raise BadRequest(f"{field} {value} ({refused[value]}) is not supported here; use {listed}")
+    raise BadRequest(f"{field} must be one of {listed}, got {json.dumps(value)[:40]}")
+
+
+def _flag(body: dict[str, Any], field: str) -> bool | None:
+    """A1111's bool, which its clients send as true/false or 0/1; None when not given."""
+    value = body.get(field)
+    if value is None or isinstance(value, bool):
+        return value
+    if value in (0, 1) and isinstance(value, int):
+        return bool(value)
+    raise BadRequest(f"{field} must be true or false (or 0 / 1), got {json.dumps(value)[:40]}")
+
+
+def _same_or_empty(body: dict[str, Any], field: str, first: str, what: str,
+                   parse: Callable[[Any], Any] = lambda value: value) -> None:
+    """A hires field that may only repeat the first pass's setting, by `parse` (A1111: empty or "Use same ...",
+    the same)."""
+    value = body.get(field)
+    if value in (None, "") or (isinstance(value, str) and value.casefold().startswith("use same")):
+        return
+    try:
+        same = parse(value) == parse(body.get(first))
+    except AnimaError:
+        same = False
+    if not same:
+        raise BadRequest(f"{field}: the hires pass here runs with the first pass's {what}; leave it empty")
+
+
+def _hires(body: dict[str, Any], values: dict[str, Any]) -> None:
+    """txt2img's hires fix: with enable_hr its fields are the table's, else all are ignored (webuiapi sends them,
+    and denoising_strength 0.7, on every call)."""
+    if not _flag(body, "enable_hr"):
+        for field in HIRES_FIELDS:
+            values.pop(field, None)
+        return
+    values["enable_hr"] = True
+    upscaler = body.get("hr_upscaler")
+    if isinstance(upscaler, str) and upscaler in UPSCALER_LABELS:
+        values["hr_upscaler"] = UPSCALER_LABELS[upscaler]
+    elif upscaler is not None and not isinstance(upscaler, str):
+        raise BadRequest(f"hr_upscaler must be a name: one of {', '.join(HIRES_UPSCALERS)} or A1111's Latent, "
+                         "Latent (bicubic), Latent (nearest-exact), Lanczos, None")
+    _same_or_empty(body, "hr_prompt", "prompt", "prompt")
+    _same_or_empty(body, "hr_negative_prompt", "negative_prompt", "negative prompt")
+    _same_or_empty(body, "hr_sampler_name", "sampler_name", "sampler", sampler_name)
+    _same_or_empty(body, "hr_scheduler", "scheduler", "schedule", schedule_name)
+    for field in ("hr_prompt", "hr_negative_prompt", "hr_sampler_name", "hr_scheduler"):
+        values.pop(field, None)
+
+
+def _img2img(body: dict[str, Any], values: dict[str, Any]) -> None:
+    """img2img's fields as the table's: init_images (one), resize_mode, and with a mask (or our outpaint) the
+    inpainting fields with WebUI's defaults; without one those are ignored (webuiapi sends them on every call)."""
+    images = body.get("init_images")
+    if not (isinstance(images, list) and images):
+        raise BadRequest("init_images must be a list holding one base64-encoded image")
+    if len(images) > 1:
+        raise BadRequest(f"init_images holds {len(images)} images; this server takes one per request (WebUI spreads "
+                         "several over a batch): send one request per image")
+    for field in (*HIRES_FIELDS, "init_images"):
+        if field != "denoising_strength":  # img2img's own
+            values.pop(field, None)
+    values["init_image"] = images[0]
+    resize = _choice(body, "resize_mode", RESIZE_MODE_NUMBERS, {3: "just resize, latent upscale"})
+    if resize is not None:
+        values["resize_mode"] = resize
+    if body.get("mask") in (None, "") and body.get("outpaint") is None:
+        for field in (*MASK_FIELDS, "mask"):
+            values.pop(field, None)
+        return
+    given = IMG2IMG_MASK_DEFAULTS | {key: value for key, value in body.items() if value is not None}
+    blurs = [_number(given, field, None) for field in ("mask_blur", "mask_blur_x", "mask_blur_y")]
+    if blurs[0] is None and any(blur is not None for blur in blurs[1:]):  # mask_blur sets both, as in WebUI
+        values["mask_blur"] = max(blur for blur in blurs[1:] if blur is not None)  # one blur here: the larger
+    for field in ("mask_blur_x", "mask_blur_y", "inpaint_full_res"):
+        values.pop(field, None)
+    values["inpainting_fill"] = _choice(given, "inpainting_fill", INPAINTING_FILL_NUMBERS)
+    values["inpainting_mask_invert"] = _flag(given, "inpainting_mask_invert")
+    values["inpaint_full_res_padding"] = given["inpaint_full_res_padding"]
+    if "inpaint_full_res" in body or "inpaint_area" not in body:
+        values["inpaint_area"] = INPAINT_AREAS[int(_flag(given, "inpaint_full_res"))]
+
+
+def a1111_body(body: dict[str, Any], route: str = "txt2img") -> dict[str, Any]:
+    """The request as the settings table reads it, for txt2img or img2img. sampler_name wins over the older
+    sampler_index, as in WebUI. eta and s_noise are dropped for a sampler that has none, as WebUI ignores them
+    there: its clients send them on every call (webuiapi: eta 1, s_noise 1, whatever the sampler). The native API
+    refuses them instead. Fields WebUI has and this server ignores (styles, subseed, restore_faces, tiling,
+    image_cfg_scale, initial_noise_multiplier, include_init_images, scripts...) are read by no one."""
     given = body.get("sampler_name") or body.get("sampler_index")
     sampler, scheduler = sampler_and_scheduler(default("sampler") if given is None else given, body.get("scheduler"))
     values = {key: value for key, value in body.items() if key != "sampler_index"}
@@ -64,6 +192,12 @@ def a1111_body(body: dict[str, Any]) -> dict[str, Any]:
     for name in ("eta", "s_noise"):
         if not getattr(SAMPLERS[sampler], f"takes_{name}"):
             values.pop(name, None)
+    if route == "img2img":
+        _img2img(body, values)
+    else:
+        for field in IMAGE_REQUEST_FIELDS:  # txt2img has no image (img2img has its own route)
+            values.pop(field, None)
+        _hires(body, values)
     return values
 
 
@@ -71,24 +205,26 @@ def routes(server: Server) -> APIRouter:
     router = APIRouter()
     queue = server.queue
 
-    @router.post("/sdapi/v1/txt2img")
-    async def txt2img(request: Request):
-        body = await json_body(request)
-        params = server.params(a1111_body(body))
+    async def generate(body: dict[str, Any], route: str):
+        params = server.params(a1111_body(body, route))
         count = int(_number(body, "batch_size", 1)) * int(_number(body, "n_iter", 1))
         jobs = await server._wait(server._submit_many(params, count))
         failed = next((job for job in jobs if job.state != "completed"), None)
         if failed is not None:
             return JSONResponse({"error": failed.error or f"job {failed.state}"}, status_code=500
                                 if failed.state == "failed" else 409)
-        infotexts = [server._infotext(job) for job in jobs]
-        seeds = [job.params.seed for job in jobs]
-        info = {"prompt": params.prompt, "negative_prompt": params.negative, "seed": seeds[0], "all_seeds": seeds,
-                "width": params.width, "height": params.height, "steps": params.steps,
-                "cfg_scale": params.cfg, "sampler_name": SAMPLERS[params.sampler].label, "scheduler": params.scheduler,
-                "infotexts": infotexts,
-                "sd_model_name": server.model_name, "cache": params.cache}
-        return {"images": [server._png_b64(job) for job in jobs], "parameters": body, "info": json.dumps(info)}
+        if route == "img2img":  # as WebUI answers without include_init_images: the parameters without the images
+            body = body | {"init_images": None, "mask": None}
+        return {"images": [server._png_b64(job) for job in jobs], "parameters": body,
+                "info": json.dumps(_info(server, params, jobs))}
+
+    @router.post("/sdapi/v1/txt2img")
+    async def txt2img(request: Request):
+        return await generate(await json_body(request), "txt2img")
+
+    @router.post("/sdapi/v1/img2img")
+    async def img2img(request: Request):
+        return await generate(await json_body(request), "img2img")
 
     @router.get("/sdapi/v1/progress")
     async def progress():
@@ -96,10 +232,10 @@ def routes(server: Server) -> APIRouter:
         if job is None:
             return {"progress": 0.0, "eta_relative": 0.0, "current_image": None, "textinfo": None,
                     "state": {"sampling_step": 0, "sampling_steps": 0, "job_count": 0, "interrupted": False}}
-        return {"progress": job.step / job.params.steps, "eta_relative": job.eta_s or 0.0,
+        return {"progress": min(1.0, job.step / max(1, job.total)), "eta_relative": job.eta_s or 0.0,
                 "current_image": base64.b64encode(job.preview).decode() if job.preview else None,
                 "textinfo": None,
-                "state": {"sampling_step": job.step, "sampling_steps": job.params.steps,
+                "state": {"sampling_step": job.step, "sampling_steps": job.total,
                           "job_count": 1 + len([j for j in queue.recent() if j.state == "queued"]),
                           "interrupted": job.cancel.is_set(), "job": job.id}}
 
@@ -130,8 +266,30 @@ def routes(server: Server) -> APIRouter:
                                    - {name, SCHEDULE_LABELS[name]}) or None,
                  "default_rho": 7.0 if name == "karras" else -1, "need_inner_model": False} for name in SCHEDULES]
 
+    @router.get("/sdapi/v1/upscalers")
+    async def upscalers():
+        # A1111's fields; the hires fix's hr_upscaler may be any of these or of latent-upscale-modes.
+        return [{"name": name, "model_name": None, "model_path": None, "model_url": None, "scale": 4}
+                for name in UPSCALER_LABELS]
+
+    @router.get("/sdapi/v1/latent-upscale-modes")
+    async def latent_upscale_modes():
+        return [{"name": name} for name in LATENT_UPSCALE_MODES]
+
     @router.get("/sdapi/v1/options")
     async def options():
         return {"sd_model_checkpoint": server.model_name}
 
     return router
+
+
+def _info(server: Server, params: GenerationParams, jobs: list[Job]) -> dict[str, Any]:
+    """The answer's `info`, in WebUI's keys (webuiapi reads it as the result's info)."""
+    seeds = [job.params.seed for job in jobs]
+    used = params.init_image is not None or params.hires
+    return {"prompt": params.prompt, "negative_prompt": params.negative, "seed": seeds[0], "all_seeds": seeds,
+            "width": params.width, "height": params.height, "steps": params.steps, "cfg_scale": params.cfg,
+            "sampler_name": SAMPLERS[params.sampler].label, "scheduler": params.scheduler,
+            "denoising_strength": params.strength if used else None,
+            "infotexts": [server._infotext(job) for job in jobs], "sd_model_name": server.model_name,
+            "cache": params.cache}
