@@ -4,6 +4,11 @@ request may give with this server's defaults (the page builds its form from it).
 
 Its requests are judged strictly, as every setting is: an unknown sampler is a 400 that lists the samplers, and
 eta or s_noise given to a sampler without them is a 400 too (the A1111 API drops those two, as WebUI does).
+Choices go by our names (resize_mode just_resize, inpainting_fill original, ...), not A1111's numbers.
+
+A job may start from an image: `init_image` and `mask` are base64 of the files' bytes (or data: URLs), `outpaint`
+[left, top, right, bottom]; without width and height the init image's size is used (in multiples of 16). Such a
+body may be up to requests.MAX_IMAGE_BODY_BYTES; one without an image, 1 MiB.
 
 A submit answers at once with the job's status; the client then polls it or follows its events.
 """
@@ -25,8 +30,18 @@ from .requests import job_or_404, json_body
 if TYPE_CHECKING:
     from .app import Server
 
-# Settings whose choices have display names a form may show beside ours: the samplers' (A1111's, "Euler a").
-CHOICE_LABELS = {"sampler": {name: sampler.label for name, sampler in SAMPLERS.items()}}
+# Settings whose choices have display names a form may show beside ours: the samplers' (A1111's, "Euler a"), and
+# the image-to-image ones as WebUI's form names them.
+CHOICE_LABELS = {
+    "sampler": {name: sampler.label for name, sampler in SAMPLERS.items()},
+    "resize_mode": {"just_resize": "Just resize", "crop_and_resize": "Crop and resize",
+                    "resize_and_fill": "Resize and fill"},
+    "masked_content": {"fill": "Fill", "original": "Original", "latent_noise": "Latent noise",
+                       "latent_nothing": "Latent nothing"},
+    "inpaint_area": {"whole": "Whole picture", "masked": "Only masked"},
+    "hires_upscaler": {"latent": "Latent", "latent-bicubic": "Latent (bicubic)",
+                       "latent-nearest-exact": "Latent (nearest-exact)", "lanczos": "Lanczos"},
+}
 
 
 def routes(server: Server) -> APIRouter:
