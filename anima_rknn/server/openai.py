@@ -12,13 +12,13 @@ table come as form fields (the client's extra_body), numbers and booleans as the
 
 from __future__ import annotations
 
+import io
 import json
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from starlette.datastructures import FormData, UploadFile
 
-from ..core.files import png_bytes
 from ..generation.images import MAX_IMAGE_BYTES, ImageInput, mask_from_alpha
 from ..generation.params import REQUEST_FIELDS, option
 from .requests import BadRequest, _number, _text, error_answer, form_body, json_body
@@ -96,7 +96,9 @@ def _edit_images(image_data: bytes, mask_data: bytes | None) -> tuple[ImageInput
     mask = mask_from_alpha(mask_image)
     if mask.getbbox() is None:
         raise BadRequest("the mask has no fully transparent pixel: nothing would be edited")
-    return image, ImageInput.from_bytes(png_bytes(mask), "mask"), opened.size
+    buffer = io.BytesIO()  # an input of the run, not a result: the mask as the table takes it
+    mask.save(buffer, format="PNG")
+    return image, ImageInput.from_bytes(buffer.getvalue(), "mask"), opened.size
 
 
 def routes(server: Server) -> APIRouter:
