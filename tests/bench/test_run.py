@@ -1,11 +1,19 @@
-"""run_bench on the tiny model: shared encoding and noise, the spec's step counts, repeats and seeds."""
+"""run_bench on the tiny model: shared encoding and noise, the spec's step counts, repeats and seeds; image to
+image over the truncated schedule and the hires fix's two passes."""
+
+import io
+import json
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
+from anima_rknn.bench.figures import write_figures
+from anima_rknn.bench.report import build_report, markdown, to_json
 from anima_rknn.bench.run import parse_cache_list, run_bench
 from anima_rknn.errors import AnimaError
+from anima_rknn.generation.images import ImageInput
 from anima_rknn.generation.params import GenerationParams
 from anima_rknn.generation.pipeline import AnimaPipeline
 
@@ -88,3 +96,70 @@ def test_parse_cache_list():  # (bench's --seeds is batch's grammar: tests/gener
     for bad, message in (("spectrum,fast", "unknown cache"), ("reuse,reuse", "twice"), (",", "at least one")):
         with pytest.raises(AnimaError, match=message):
             parse_cache_list(bad)
+
+
+# ---- image to image -------------------------------------------------------------------------------------------
+
+def _init_image(width: int = 32, height: int = 32) -> ImageInput:
+    pixels = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return ImageInput.from_bytes(buffer.getvalue(), "init.png")
+
+
+def test_an_img2img_sweep_caches_over_the_truncated_schedule(pipeline):
+    params = GenerationParams(prompt="cat", width=32, height=32, steps=20, seed=5, init_image=_init_image(),
+                              strength=0.6)
+    result = run_bench(pipeline, params, ["spectrum"])
+    baseline, spectrum = result.seeds[0].baseline.first, result.seeds[0].cached["spectrum"].first
+    assert len(baseline.step_times) == len(baseline.x0_history) == 12  # the last 12 of 20 steps
+    assert baseline.denoised.sample.computed_steps == list(range(1, 13))
+    sample = spectrum.denoised.sample
+    assert sorted(sample.computed_steps + sample.skipped_steps) == list(range(1, 13)) and sample.skipped_steps
+    assert spectrum.forecast_steps == sample.skipped_steps
+    assert baseline.vae_encode_s > 0
+    assert baseline.total_s == pytest.approx(baseline.vae_encode_s + baseline.denoise_s + baseline.decode_s)
+    np.testing.assert_array_equal(baseline.denoised.sample.latent, pipeline.generate(params).latent)
+    report = build_report(result, "tiny")
+    side = report["seeds"][0]["cached"]["spectrum"]
+    assert (side["model_calls"], side["steps_run"]) == (12, 12)
+    assert report["settings"]["steps_run"] == 12 and report["settings"]["strength"] == 0.6
+    assert report["settings"]["init_image"] == params.init_image.as_json()
+    text = markdown(report)
+    assert "32x32, 12 of 20 steps (strength 0.6), img2img of init.png" in text
+    assert "| computed steps | 12/12 |" in text and "| VAE encode |" in text
+
+
+def test_a_hires_sweep_is_both_passes_of_every_run(pipeline, tmp_path):
+    params = GenerationParams(prompt="cat", width=32, height=32, steps=6, seed=5, hires=True, hires_cache="reuse")
+    result = run_bench(pipeline, params, ["spectrum"])
+    seed_result = result.seeds[0]
+    base, cached = seed_result.baseline.first, seed_result.cached["spectrum"].first
+    assert [p.cache for p in seed_result.baseline.params.passes()] == ["none", "none"]  # the baseline: no cache
+    assert [p.cache for p in seed_result.cached["spectrum"].params.passes()] == ["spectrum", "reuse"]
+    assert len(base.denoised_passes) == 2 and base.denoise_s == sum(d.denoise_s for d in base.denoised_passes)
+    assert len(base.x0_history) == 6 + 5
+    assert base.x0_history[0].shape == (1, 16, 4, 4) and base.x0_history[-1].shape == (1, 16, 8, 8)
+    assert base.image.size == cached.image.size == (64, 64)
+    report = _strict(to_json(build_report(result, "tiny")))
+    entry = report["seeds"][0]
+    side = entry["cached"]["spectrum"]
+    assert (entry["baseline"]["model_calls"], entry["baseline"]["transformer_passes"]) == (11, 22)
+    assert entry["baseline"]["computed_steps"] == list(range(1, 12))  # numbered through both passes
+    assert [(p["width"], p["steps_run"], p["cache"]) for p in side["passes"]] == [(32, 6, "spectrum"),
+                                                                                  (64, 5, "reuse")]
+    assert len(side["vs_baseline"]["x0_distance"]) == 11 == len(side["step_times_s"])
+    assert side["transformer_passes"] == sum(p["transformer_passes"] for p in side["passes"])
+    assert report["settings"]["hires"]["width"] == 64 and report["settings"]["steps_run"] == 11
+    text = markdown(report)
+    assert "32x32 -> 64x64 (hires fix), 6 steps + 5 of 6 hires steps (strength 0.75)" in text
+    assert "| computed steps | 11/11 |" in text
+    write_figures(result, build_report(result, "tiny"), tmp_path)  # the step plot runs over both passes
+    assert (tmp_path / "steps_seed5.png").is_file() and (tmp_path / "compare_spectrum_seed5.png").is_file()
+
+
+def _strict(text: str) -> dict:
+    def refuse(constant: str):
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    return json.loads(text, parse_constant=refuse)
