@@ -1,4 +1,5 @@
-"""`anima-rknn export-vae`: write the VAE decoder for one fixed tile size as an ONNX set."""
+"""`anima-rknn export-vae`: write the VAE decoder (and, with --encoder, the encoder) for one fixed tile size as an
+ONNX set."""
 
 from __future__ import annotations
 
@@ -22,8 +23,12 @@ from .group import cli
 @click.option("--overlap", type=int, default=DEFAULT_OVERLAP, show_default=True,
               help="Tile overlap in pixels that verify-rknn blends with (generate takes --vae-tile-overlap).")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Folder for the set.")
+@click.option("--encoder", is_flag=True, help="also export the VAE encoder (for image-to-image on onnx / rknn)")
 @click.option("--overwrite", is_flag=True, help="Replace what is already in --out.")
-def export_vae(model_dir: Path | None, vae: Path | None, tile: int, overlap: int, out: Path, overwrite: bool) -> None:
-    """Export the VAE decoder for one tile size (latent de-normalisation included) as an ONNX set."""
-    manifest = export_vae_decoder(part_file(model_dir, vae, "vae"), out, tile, overlap, overwrite=overwrite)
-    click.echo(f"wrote the VAE decoder for {tile}x{tile} tiles and {manifest.name} to {out}")
+def export_vae(model_dir: Path | None, vae: Path | None, tile: int, overlap: int, out: Path, encoder: bool,
+               overwrite: bool) -> None:
+    """Export the VAE decoder (and encoder) for one tile size (latent de-normalisation included) as an ONNX set."""
+    manifest = export_vae_decoder(part_file(model_dir, vae, "vae"), out, tile, overlap, overwrite=overwrite,
+                                  encoder=encoder)
+    what = "decoder and encoder" if encoder else "decoder"
+    click.echo(f"wrote the VAE {what} for {tile}x{tile} tiles and {manifest.name} to {out}")

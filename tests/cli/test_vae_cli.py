@@ -29,6 +29,27 @@ def test_export_vae_refuses_bad_tiles_in_one_line_and_writes_nothing(run_cli, ti
     assert result.code == 1 and result.err.count("\n") == 1 and not (tmp_path / "set").exists()
 
 
+def test_export_vae_with_encoder_writes_both_graphs_into_one_set_and_refuses_to_overwrite_unasked(run_cli, tiny_set,
+                                                                                                 tmp_path):
+    out = tmp_path / "set"
+    tile = ("--tile", "32", "--overlap", "8")
+    result = run_cli("export-vae", "--vae", tiny_set.vae, *tile, "--encoder", "--out", out)
+    assert result.code == 0, result.err
+    assert result.out == f"wrote the VAE decoder and encoder for 32x32 tiles and manifest.json to {out}\n"
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "vae_decoder.onnx", "vae_encoder.onnx"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [entry["kind"] for entry in manifest["subgraphs"]] == ["vae_decoder", "vae_encoder"]
+    assert manifest["subgraphs"][1]["inputs"][0]["shape"] == [1, 3, 32, 32]
+    again = run_cli("export-vae", "--vae", tiny_set.vae, *tile, "--out", out)
+    assert again.code == 1 and "pass --overwrite" in again.err and again.err.count("\n") == 1
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "vae_decoder.onnx", "vae_encoder.onnx"]
+    replaced = run_cli("export-vae", "--vae", tiny_set.vae, *tile, "--out", out, "--overwrite")
+    assert replaced.code == 0 and replaced.out.startswith("wrote the VAE decoder for 32x32 tiles")
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "vae_decoder.onnx"]  # the encoder went with it
+    help_text = run_cli("export-vae", "--help").out
+    assert "also export the VAE encoder (for image-to-image on onnx / rknn)" in " ".join(help_text.split())
+
+
 GENERATE = ("generate", "-p", "a red circle", "--steps", "2", "-W", "112", "-H", "112", "--vae-tile-size", "64",
             "--vae-tile-overlap", "16")  # 2x2 tiles
 
