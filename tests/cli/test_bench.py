@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 from PIL import Image
 
 SMALL = ("--width", "32", "--height", "32")
@@ -56,3 +57,24 @@ def test_errors_before_any_work(run_cli, model_dir, tmp_path):
                     "does not apply")
     _one_line_error(run_cli(*base, "--seeds", "1,one", "--out", tmp_path / "d"), "such as 1-8")
     assert not (tmp_path / "b").exists() and not (tmp_path / "d").exists()
+
+
+def test_a_sweep_over_an_init_image(run_cli, model_dir, tmp_path):
+    image = tmp_path / "init.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(image)
+    out = tmp_path / "bench"
+    result = run_cli("bench", "--model", model_dir, "-p", "a red circle", "--init-img", image, "--strength", "0.6",
+                     "--steps", "10", "--seed", "11", "--cache", "spectrum", "--out", out, "--json")
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    settings = report["settings"]
+    assert (settings["width"], settings["height"], settings["steps"], settings["steps_run"]) == (32, 32, 10, 6)
+    assert settings["init_image"]["name"] == str(image) and settings["strength"] == 0.6
+    base = report["seeds"][0]["baseline"]
+    assert base["computed_steps"] == [1, 2, 3, 4, 5, 6] and len(base["step_times_s"]) == 6
+    assert base["timings_s"]["vae_encode"]["median"] > 0
+    text = (out / "report.md").read_text()
+    assert f"32x32, 6 of 10 steps (strength 0.6), img2img of {image}" in text and "| computed steps | 6/6 |" in text
+    for name in ("baseline_seed11.png", "spectrum_seed11.png"):
+        with Image.open(out / name) as picture:
+            assert picture.size == (32, 32) and "Denoising strength: 0.6" in picture.text["parameters"]
