@@ -4,7 +4,9 @@ ONNX Runtime runs the decoder's big activations faster than PyTorch (fused norms
 time for a 512-px tile of the full-size VAE here), but only in the fixed tiles of an exported set, which
 recompute the overlaps torch's one-piece decode does not. So the choice is per machine (a short probe,
 measured once and cached like the dtype's) and per image (the work of each path, counted in decoded pixels).
-When ONNX Runtime wins, its set is exported once into the cache folder and reused.
+When ONNX Runtime wins, its set is exported once into the cache folder and reused. The set holds the encoder too
+(where the VAE file has one), so image-to-image encodes on ONNX Runtime from the same set; a set cached before
+sets had encoders is exported again, whole, the first time it is used.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..core.cpu_speed import cached_measurement, machine_key
 from ..core.files import cache_dir, cached_sha256, exclusive_lock, replaced_folder
 from ..errors import AnimaError
 from ..export.onnx import export_graph
-from ..export.vae import export_vae_decoder, load_vae_set
+from ..export.vae import export_vae_decoder, has_encoder, load_vae_set
 from ..vae.tiling import tiled_pixels
 from ..vae.wan import CausalConv2d, Resample, ResidualBlock, RMSNorm2d
 
@@ -125,12 +127,14 @@ def choose_vae_backend(vae_path: Path, width: int, height: int, tile: int, overl
 # ---- the cached ONNX sets --------------------------------------------------------------------------------------
 
 def cached_vae_set(vae_path: Path, tile: int, overlap: int) -> Path | None:
-    """The ONNX set of this VAE file for `tile`-px tiles in the cache folder, exported the first time (one line
-    on stderr) and again when damaged; None when the cache folder cannot be written."""
+    """The ONNX set of this VAE file for `tile`-px tiles in the cache folder, its encoder included where the file has
+    one: exported the first time (one line on stderr) and again when damaged or without the encoder; None when the
+    cache folder cannot be written."""
     root = cache_dir() / "vae-onnx"
     folder = root / f"{cached_sha256(vae_path)[:16]}-{tile}-{overlap}"
+    encoder = has_encoder(vae_path)
     with contextlib.suppress(AnimaError):
-        load_vae_set(folder, vae_path=vae_path, converted=False)
+        load_vae_set(folder, vae_path=vae_path, converted=False, encoder=encoder)
         return folder
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -140,11 +144,11 @@ def cached_vae_set(vae_path: Path, tile: int, overlap: int) -> Path | None:
         return None
     with exclusive_lock(root / f".{folder.name}.lock"):  # one exporter at a time; the others then find its set
         with contextlib.suppress(AnimaError):
-            load_vae_set(folder, vae_path=vae_path, converted=False)
+            load_vae_set(folder, vae_path=vae_path, converted=False, encoder=encoder)
             return folder
         print(f"exporting the VAE decoder for ONNX Runtime once into {folder}; --vae-backend torch skips this",
               file=sys.stderr, flush=True)
         with replaced_folder(folder) as staging:  # a damaged set there is replaced whole, a killed export leaves none
-            export_vae_decoder(vae_path, staging, tile, overlap, calibrate=False)
-    load_vae_set(folder, vae_path=vae_path, converted=False)
+            export_vae_decoder(vae_path, staging, tile, overlap, calibrate=False, encoder=encoder)
+    load_vae_set(folder, vae_path=vae_path, converted=False, encoder=encoder)
     return folder

@@ -113,6 +113,36 @@ def test_the_machine_key_holds_the_threads_and_the_runtimes_version():
         torch.set_num_threads(threads)
 
 
+# ---- the cached set ---------------------------------------------------------------------------------------------
+
+def test_the_cached_set_holds_the_encoder_and_one_cached_without_it_is_exported_again(fresh_cache, tiny_set, capfd):
+    from anima_rknn.core.files import cached_sha256
+    from anima_rknn.engine.vae_tiles import open_tile_encoder, vae_set_manifest
+    from anima_rknn.export.vae import export_vae_decoder
+
+    folder = fresh_cache / "vae-onnx" / f"{cached_sha256(tiny_set.vae)[:16]}-64-16"
+    export_vae_decoder(tiny_set.vae, folder, 64, 16, calibrate=False)  # as --vae-backend auto cached it before
+    assert vae_auto.cached_vae_set(tiny_set.vae, 64, 16) == folder
+    assert "exporting the VAE decoder for ONNX Runtime once into" in capfd.readouterr().err  # again, whole
+    manifest = vae_set_manifest("onnx", folder, tiny_set.vae, 112, 112, encoder=True)  # image-to-image on auto-onnx
+    assert [entry["kind"] for entry in manifest["subgraphs"]] == ["vae_decoder", "vae_encoder"]
+    open_tile_encoder("onnx", folder, manifest).close()
+    assert vae_auto.cached_vae_set(tiny_set.vae, 64, 16) == folder
+    assert "exporting" not in capfd.readouterr().err  # reused from then on
+
+
+def test_a_decode_only_vae_file_caches_a_set_of_its_decoder(fresh_cache, tiny_set, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from anima_rknn.export.manifest import read_manifest
+
+    path = tmp_path / "decoder-only.safetensors"
+    save_file({k: v for k, v in load_file(tiny_set.vae).items() if not k.startswith(("encoder.", "conv1."))}, path)
+    folder = vae_auto.cached_vae_set(path, 64, 16)
+    assert [entry["kind"] for entry in read_manifest(folder, kind="vae")["subgraphs"]] == ["vae_decoder"]
+    assert vae_auto.cached_vae_set(path, 64, 16) == folder
+
+
 # ---- prepare() decides ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("ratio", "tiling", "tile", "backend"), [
