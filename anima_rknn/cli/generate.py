@@ -9,6 +9,7 @@ import click
 from click.core import ParameterSource
 from tqdm import tqdm
 
+from ..checks import shown
 from ..core.files import check_output_file, json_text
 from ..errors import AnimaError
 from ..generation.params import IMAGE_SETTINGS, MAX_STEPS, SETTINGS, GenerationParams
@@ -43,7 +44,8 @@ from .signals import stop_on_signals
               help="Also write the resume state every N steps. Default: after every computed step once the run "
                    "takes over a minute.")
 @click.option("--resume", "resume_path", type=click.Path(dir_okay=False), default=None,
-              help="Continue a stopped run from its state file: same settings and model files, same image.")
+              help="Continue a stopped run from its state file: same settings and model files, same image "
+                   "(an image-to-image run: pass its --init-img / --mask files again).")
 @click.option("--preview", type=click.Path(dir_okay=False), default=None,
               help="Write the step's denoised estimate to this PNG as the run goes (replaced atomically).")
 @click.option("--preview-every", type=click.IntRange(1, MAX_STEPS), default=1, show_default=True,
@@ -182,7 +184,12 @@ def computed_text(params: GenerationParams, report: dict) -> str:
     return " + ".join(f"{computed}/{calls} {noun}" for computed, calls, noun in parts)
 
 
-IMAGE_WORDS = {"init_image": "init image", "mask": "mask"}
+IMAGE_WORDS = {"init_image": ("an", "init image"), "mask": ("a", "mask")}
+
+
+def _named(name: str) -> str:
+    """An image's name as a command line would take it, kept to one line (a state's name is only text)."""
+    return shlex.quote(name) if name.isprintable() else shown(name, 200)
 
 
 def check_state_images(params: GenerationParams, resumed: ResumeState, given: set[str], state: str) -> None:
@@ -190,18 +197,17 @@ def check_state_images(params: GenerationParams, resumed: ResumeState, given: se
     line naming the image it was made from when one is missing, different, or not the state's at all."""
     for name in IMAGE_SETTINGS:
         theirs, ours, flag = getattr(resumed.params, name), getattr(params, name), cli_flags(name)[0]
-        word = IMAGE_WORDS[name]
+        article, word = IMAGE_WORDS[name]
         if theirs is None:
             if ours is not None:
-                raise AnimaError(f"{state} was made without an {word}: drop {flag}" if name == "init_image" else
-                                 f"{state} was made without a {word}: drop {flag}")
+                raise AnimaError(f"{state} was made without {article} {word}: drop {flag}")
             continue
-        made = f"{shlex.quote(theirs.name)} (sha256 {theirs.sha256[:12]})"
+        made = f"{_named(theirs.name)} (sha256 {theirs.sha256[:12]})"
         if not cli_names(name) & given:
             raise AnimaError(f"{state} was made from the {word} {made}: a state keeps only its fingerprint, so pass "
-                             f"it again with {flag} {shlex.quote(theirs.name)}")
+                             f"it again with {flag} {_named(theirs.name)}")
         if ours != theirs:
-            raise AnimaError(f"{flag} {shlex.quote(ours.name)} (sha256 {ours.sha256[:12]}) differs from the {word} "
+            raise AnimaError(f"{flag} {_named(ours.name)} (sha256 {ours.sha256[:12]}) differs from the {word} "
                              f"{state} was made from, {made}: pass that file")
 
 
