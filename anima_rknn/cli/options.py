@@ -189,20 +189,13 @@ def setting_values(values: dict[str, Any]) -> dict[str, Any]:
         elif name == "vae_tiling":
             settings[name] = TILING[values[name]]
         elif opt.kind == "image":
-            settings[name] = None if values[name] is None else image_file(values[name], cli_flags(name)[0])
+            # Read and checked here (the decoding in prepare()); every message names the file: "image PATH: ...".
+            settings[name] = None if values[name] is None else ImageInput.from_path(values[name])
         elif opt.kind == "outpaint":
             settings[name] = None if values[name] is None else parse_outpaint(values[name])
         else:
             settings[name] = values[name]
     return settings
-
-
-def image_file(path: str | Path, flag: str) -> ImageInput:
-    """The image file a flag names, read and checked (ImageInput.from_path): a bad one is one line naming the flag."""
-    try:
-        return ImageInput.from_path(path)
-    except AnimaError as e:
-        raise AnimaError(f"{flag}: {e}") from None
 
 
 def parse_outpaint(text: str) -> tuple[int, int, int, int]:
