@@ -13,9 +13,9 @@ from ..core.files import json_text
 from ..engine.backends.rknn import RUNTIMES
 from ..engine.memory_plan import parse_size, plan_memory, plan_vae, predict_memory
 from ..engine.verify import DEFAULT_MIN_COSINE, accuracy_table, converted_size, flagged, verify_dit_set
-from ..engine.verify_vae import DEFAULT_MIN_PSNR, verify_vae_set
+from ..engine.verify_vae import DEFAULT_MIN_PSNR, verify_vae_encoder, verify_vae_set
 from ..errors import AnimaError
-from ..export.manifest import read_manifest, set_kind
+from ..export.manifest import VAE_ENCODER_KIND, read_manifest, set_kind, vae_entry
 from ..export.onnx import token_count
 from ..export.rknn import convert_subgraphs
 from ..export.vae import check_image_fits
@@ -87,7 +87,8 @@ def plan(subgraphs: Path | None, preset: str | None, width: int, height: int, bu
 @click.option("--image-size", type=int, default=None,
               help="VAE sets: side in pixels of the pictures decoded (default: one tile; larger ones blend tiles).")
 @click.option("--min-psnr", type=FINITE, default=DEFAULT_MIN_PSNR, show_default=True,
-              help="VAE sets: flag decoded pictures whose PSNR against fp32 torch is below this (dB).")
+              help="VAE sets: flag decoded pictures (and a set's encoder's latents) whose PSNR against fp32 torch "
+                   "is below this (dB).")
 def verify_rknn(model: str | None, dit: str | None, text_encoder: str | None, vae: str | None,
                 qwen_tokenizer: str | None, t5_tokenizer: str | None, subgraphs: Path, prompt: str, seed: int,
                 runtime: str, min_cosine: float, as_json: bool, image_size: int | None, min_psnr: float) -> None:
@@ -96,7 +97,9 @@ def verify_rknn(model: str | None, dit: str | None, text_encoder: str | None, va
     The inputs are recorded from the torch split engine's pass on the initial noise (sigma 1) with the prompt's
     real context. Exits with status 1 when any subgraph falls below --min-cosine. A VAE decoder set (export-vae)
     decodes the latents of varied pictures, tiled and blended as generate does, against the fp32 torch decoder,
-    and exits with status 1 when a picture falls below --min-cosine or --min-psnr.
+    and exits with status 1 when a picture falls below --min-cosine or --min-psnr; a set with the encoder
+    (export-vae --encoder) also encodes the pictures against the fp32 torch encoder, held to the same thresholds
+    (the latent's PSNR taking its largest |value| as the peak).
     """
     if set_kind(read_manifest(subgraphs, kind=None)) == "vae":  # needs the VAE file alone
         vae_path = Path(vae) if vae is not None else resolve(model).vae
@@ -124,19 +127,35 @@ def verify_rknn(model: str | None, dit: str | None, text_encoder: str | None, va
 def verify_vae(set_dir: Path, vae_path: Path, image_size: int | None, seed: int, runtime: str, min_cosine: float,
                min_psnr: float, as_json: bool) -> None:
     results = verify_vae_set(set_dir, vae_path, side=image_size, seed=seed, runtime=runtime)
-    flagged = [r.index for r in results if not (r.cosine >= min_cosine and r.psnr >= min_psnr)]  # NaN flagged too
+    encoded = (verify_vae_encoder(set_dir, vae_path, side=image_size, seed=seed, runtime=runtime)
+               if vae_entry(read_manifest(set_dir, kind="vae"), VAE_ENCODER_KIND) is not None else None)
+    below = lambda rows: [r.index for r in rows if not (r.cosine >= min_cosine and r.psnr >= min_psnr)]  # noqa: E731
+    flagged, flagged_encoded = below(results), below(encoded or [])  # NaN flagged too
     if as_json:  # JSON has no NaN or infinity (PSNR of identical images): null stands for them
-        rows = [{key: value if not isinstance(value, float) or math.isfinite(value) else None
-                 for key, value in asdict(r).items()} for r in results]
-        click.echo(json_text({"pictures": rows, "min_cosine": min_cosine, "min_psnr": min_psnr, "seed": seed,
-                              "flagged": flagged}))
+        def rows(found):
+            return [{key: value if not isinstance(value, float) or math.isfinite(value) else None
+                     for key, value in asdict(r).items()} for r in found]
+
+        report = {"pictures": rows(results), "min_cosine": min_cosine, "min_psnr": min_psnr, "seed": seed,
+                  "flagged": flagged}
+        if encoded is not None:
+            report.update(encoded=rows(encoded), flagged_encoded=flagged_encoded)
+        click.echo(json_text(report))
     else:
-        click.echo(f"{'#':>3}{'cosine':>12}{'PSNR dB':>10}{'max abs err':>13}")
-        for r in results:
-            flag = "  BELOW" if r.index in flagged else ""
-            click.echo(f"{r.index:>3}{r.cosine:>12.7f}{r.psnr:>10.2f}{r.max_abs_error:>13.2e}{flag}")
-    if flagged:
-        raise AnimaError(f"{len(flagged)} of {len(results)} decoded pictures below cosine {min_cosine} or "
-                         f"PSNR {min_psnr} dB")
-    click.echo(f"all {len(results)} decoded pictures at cosine >= {min_cosine} and PSNR >= {min_psnr} dB",
-               err=as_json)
+        tables = [("decoded pictures", results, flagged)]
+        if encoded is not None:
+            tables.append(("encoded pictures (latents)", encoded, flagged_encoded))
+        for title, found, marked in tables:
+            if encoded is not None:
+                click.echo(title)
+            click.echo(f"{'#':>3}{'cosine':>12}{'PSNR dB':>10}{'max abs err':>13}")
+            for r in found:
+                flag = "  BELOW" if r.index in marked else ""
+                click.echo(f"{r.index:>3}{r.cosine:>12.7f}{r.psnr:>10.2f}{r.max_abs_error:>13.2e}{flag}")
+    failures = [f"{len(flagged)} of {len(results)} decoded pictures"] if flagged else []
+    if flagged_encoded:
+        failures.append(f"{len(flagged_encoded)} of {len(encoded)} encoded pictures")
+    if failures:
+        raise AnimaError(f"{' and '.join(failures)} below cosine {min_cosine} or PSNR {min_psnr} dB")
+    done = f"all {len(results)} decoded" + ("" if encoded is None else f" and {len(encoded)} encoded")
+    click.echo(f"{done} pictures at cosine >= {min_cosine} and PSNR >= {min_psnr} dB", err=as_json)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import AnimaError
-from ..export.manifest import SUBGRAPH_KINDS
+from ..export.manifest import SUBGRAPH_KINDS, VAE_DECODER_KIND, VAE_ENCODER_KIND
 
 # Activation buffers measured on the RK3588 at full Anima width (spec: rknn.md), scaled linearly from here.
 MEASURED_TOKENS = 4096
@@ -216,49 +216,79 @@ def plan_memory(manifest: dict[str, Any], budget_bytes: int | None) -> MemoryPla
 
 
 # The host side of a tiled decode: the blended float32 image, its weight sum and the blend's temporaries
-# (vae.tiling's figure), beside the runtime itself.
+# (vae.tiling's figure), beside the runtime itself. A tiled encode holds less (the float32 image it cuts and a
+# latent of 1/s^2 of its pixels: vae.tiling's 16 bytes a pixel); the decode's figure stands for both.
 VAE_HOST_BYTES_PER_PIXEL = 32
 
 
 @dataclass(frozen=True)
 class VaeStage:
-    """The decode stage of an rknn run: the one VAE decoder context, opened after the DiT's are closed."""
+    """The VAE stages of an rknn run: the decoder's one context, opened after the DiT's are closed, and (a set with
+    the encoder, image-to-image) the encoder's one context, opened on its own before the DiT's."""
 
     context: ContextCost
     host_bytes: int
     activation_source: str
+    encoder: ContextCost | None = None
 
     @property
     def peak_bytes(self) -> int:
+        """The decode stage's peak."""
         return self.host_bytes + self.context.total_bytes
+
+    @property
+    def encode_peak_bytes(self) -> int | None:
+        """The encode stage's peak (None without an encoder)."""
+        return None if self.encoder is None else self.host_bytes + self.encoder.total_bytes
 
     def describe(self, dit: MemoryPlan | None = None) -> str:
         c = self.context
         lines = [f"VAE decoder context (activations {self.activation_source}): weights {size(c.weight_bytes)}, "
                  f"activations {size(c.activation_bytes)}, file copy {size(c.file_bytes)}, host side "
                  f"{size(self.host_bytes)}: decode stage peak {size(self.peak_bytes)} (NPU {size(c.npu_bytes)})"]
-        if dit is not None:  # the stages follow each other: the run's peak is the larger one
-            lines.append(f"whole run (DiT contexts closed before the decode): peak "
-                         f"{size(max(dit.peak_bytes, self.peak_bytes))}")
+        peaks = [self.peak_bytes]
+        if self.encoder is not None:
+            e = self.encoder
+            lines.append(f"VAE encoder context: weights {size(e.weight_bytes)}, activations "
+                         f"{size(e.activation_bytes)}, file copy {size(e.file_bytes)}, host side "
+                         f"{size(self.host_bytes)}: encode stage peak "
+                         f"{size(self.encode_peak_bytes)} (NPU {size(e.npu_bytes)})")
+            peaks.append(self.encode_peak_bytes)
+        if dit is not None:  # the stages follow each other: the run's peak is the largest one
+            closed = "DiT contexts closed before the decode" + (", opened after the encode" if self.encoder else "")
+            lines.append(f"whole run ({closed}): peak {size(max(dit.peak_bytes, *peaks))}")
         return "\n".join(lines)
 
 
+def _vae_context(record: dict[str, Any], kind: str) -> tuple[ContextCost, bool]:
+    """A VAE context's cost from its conversion record, and whether the compiler gave the sizes (the .rknn file's
+    size stands in for any it did not print)."""
+    file_bytes = record["rknn_bytes"]
+    cost = ContextCost(record["index"], kind, record.get("weight_bytes", file_bytes),
+                       record.get("internal_bytes", file_bytes), file_bytes)
+    return cost, "internal_bytes" in record and "weight_bytes" in record
+
+
 def plan_vae(manifest: dict[str, Any], width: int, height: int, budget_bytes: int | None) -> VaeStage:
-    """The decode stage of a converted VAE decoder set for a width x height image, from the compiler's own
-    figures (the .rknn file's size stands in for any it did not print)."""
+    """The decode stage (and, for a set with the encoder, the encode stage) of a converted VAE set for a
+    width x height image, from the compiler's own figures (the .rknn file's size stands in for any it did not
+    print)."""
     if "rknn" not in manifest:
         raise AnimaError("plan the VAE decoder from its converted set: the sizes come from the RKNN compiler")
-    record = manifest["rknn"]["subgraphs"][0]
-    file_bytes = record["rknn_bytes"]
-    from_compiler = "internal_bytes" in record and "weight_bytes" in record
-    context = ContextCost(0, "vae_decoder", record.get("weight_bytes", file_bytes),
-                          record.get("internal_bytes", file_bytes), file_bytes)
+    records = manifest["rknn"]["subgraphs"]
+    context, from_compiler = _vae_context(records[0], VAE_DECODER_KIND)
+    encoder = None
+    if len(records) > 1:
+        encoder, encoder_from_compiler = _vae_context(records[1], VAE_ENCODER_KIND)
+        from_compiler = from_compiler and encoder_from_compiler
     stage = VaeStage(context, HOST_RUNTIME_BYTES + VAE_HOST_BYTES_PER_PIXEL * width * height,
-                     "compiler" if from_compiler else "file size")
-    if context.npu_bytes > NPU_DOMAIN_BYTES:
-        raise AnimaError(f"the VAE decoder context needs {size(context.npu_bytes)}, more than the NPU's "
-                         f"{size(NPU_DOMAIN_BYTES)} address space: export a smaller tile")
-    if budget_bytes is not None and stage.peak_bytes > budget_bytes:
-        raise AnimaError(f"a memory budget of {size(budget_bytes)} cannot hold the VAE decode stage: "
-                         f"{size(stage.peak_bytes)} is needed; export a smaller tile")
+                     "compiler" if from_compiler else "file size", encoder)
+    for part, cost in (("decoder", context), ("encoder", encoder)):
+        if cost is not None and cost.npu_bytes > NPU_DOMAIN_BYTES:
+            raise AnimaError(f"the VAE {part} context needs {size(cost.npu_bytes)}, more than the NPU's "
+                             f"{size(NPU_DOMAIN_BYTES)} address space: export a smaller tile")
+    for stage_name, peak in (("decode", stage.peak_bytes), ("encode", stage.encode_peak_bytes)):
+        if budget_bytes is not None and peak is not None and peak > budget_bytes:
+            raise AnimaError(f"a memory budget of {size(budget_bytes)} cannot hold the VAE {stage_name} stage: "
+                             f"{size(peak)} is needed; export a smaller tile")
     return stage

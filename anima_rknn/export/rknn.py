@@ -4,7 +4,8 @@ Runs only where rknn-toolkit2 is installed (its own venv, see scripts/setup-rknn
 resumable: each finished file is recorded in a progress file, so an interrupted run redoes only what is
 missing, and a .rknn only ever appears under its final name complete. Each ONNX source is placed beside its
 .rknn (a hard link where the file system allows), so the converted set is self-contained: the x86 simulator
-rebuilds its contexts from those, and the board needs only the .rknn files.
+rebuilds its contexts from those, and the board needs only the .rknn files. A VAE set converts the same way: its
+decoder, and its encoder where export-vae --encoder wrote one (vae_decoder.rknn, vae_encoder.rknn).
 """
 
 from __future__ import annotations
@@ -184,8 +185,8 @@ def convert_subgraphs(
     source_dir, out_dir = Path(subgraph_dir).resolve(), Path(out_dir).resolve()  # builds run elsewhere
     if out_dir == source_dir:
         raise AnimaError(f"convert into a folder other than {source_dir}: its manifest.json would be replaced")
-    source = read_manifest(source_dir, kind=None)  # DiT subgraphs or the VAE decoder: converted alike
-    if source.get("stream_peak", 0) is None:
+    source = read_manifest(source_dir, kind=None)  # DiT subgraphs or a VAE set (decoder, encoder): converted alike
+    if source.get("stream_peak", 0) is None or source.get("encoder_stream_peak", 0) is None:
         raise AnimaError(f"the VAE set in {source_dir} was exported for ONNX Runtime only, without the fp16 "
                          "calibration the NPU needs: export one with `anima-rknn export-vae`")
     for entry in source["subgraphs"]:

@@ -120,3 +120,95 @@ def test_a_stream_past_fp16s_range_is_nan_on_the_npu_unless_rescaled(tiny_set, t
         results[rescale] = verify_vae_set(rknn, path, count=1, runtime="simulator")[0]
     assert np.isnan(results[False].cosine)
     assert results[True].psnr >= 40 and results[True].cosine > 0.9999
+
+
+# ---- a set with the encoder (export-vae --encoder) -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def encoder_onnx_set(tiny_set, tmp_path_factory):
+    from anima_rknn.export.vae import export_vae_decoder
+
+    folder = tmp_path_factory.mktemp("vae-encoder-onnx")
+    export_vae_decoder(tiny_set.vae, folder, 64, 16, encoder=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def encoder_rknn_set(encoder_onnx_set, tmp_path_factory):
+    from anima_rknn.export.rknn import convert_subgraphs
+
+    return convert_subgraphs(encoder_onnx_set, tmp_path_factory.mktemp("vae-encoder-rknn"), progress=False).parent
+
+
+def test_convert_and_verify_a_set_with_the_encoder_through_the_cli(run_cli, model_dir, encoder_onnx_set, tmp_path):
+    out = tmp_path / "rknn"
+    converted = run_cli("convert-rknn", "--subgraphs", encoder_onnx_set, "--out", out)
+    assert converted.code == 0, converted.err
+    assert converted.out.startswith(f"converted 2 subgraphs for rk3588 into {out}")
+    assert sorted(p.name for p in out.iterdir()) == ["convert-progress.json", "manifest.json", "vae_decoder.onnx",
+                                                     "vae_decoder.rknn", "vae_encoder.onnx", "vae_encoder.rknn"]
+    records = json.loads((out / "manifest.json").read_text())["rknn"]["subgraphs"]
+    assert [r["rknn_file"] for r in records] == ["vae_decoder.rknn", "vae_encoder.rknn"]
+    assert all(r["weight_bytes"] > 0 and r["internal_bytes"] > 0 for r in records)
+
+    result = run_cli("verify-rknn", "--model", model_dir, "--subgraphs", out, "--image-size", "112", "--runtime",
+                     "simulator", "--json")
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    assert report["flagged"] == [] and report["flagged_encoded"] == []
+    assert all(p["psnr"] >= 40 and p["cosine"] > 0.9999 for p in report["pictures"])
+    # the encoder's latents, fp16 simulator vs fp32 torch, 2x2 tiles of 64 px: cosine 0.9999999, 73.5-74.0 dB measured
+    assert len(report["encoded"]) == 2
+    assert all(p["psnr"] >= 60 and p["cosine"] > 0.99999 for p in report["encoded"]), report["encoded"]
+    assert "all 2 decoded and 2 encoded pictures at cosine >= 0.999 and PSNR >= 40.0 dB" in result.err
+
+    text = run_cli("verify-rknn", "--model", model_dir, "--subgraphs", out, "--min-psnr", "200", "--runtime",
+                   "simulator")
+    assert text.code == 1 and "decoded pictures\n" in text.out and "encoded pictures (latents)\n" in text.out
+    assert text.err == ("error: 2 of 2 decoded pictures and 2 of 2 encoded pictures below cosine 0.999 or PSNR "
+                        "200.0 dB\n")
+
+
+def test_the_encoder_tiles_on_the_simulator_come_close_to_torch_and_open_its_context_alone(encoder_rknn_set,
+                                                                                           tiny_set):
+    import torch
+
+    from anima_rknn.engine.backends.rknn import RknnOptions
+    from anima_rknn.engine.vae_tiles import open_tile_encoder, vae_set_manifest
+    from anima_rknn.engine.verify_vae import latent_psnr
+    from anima_rknn.vae import load_vae
+    from anima_rknn.vae.preview import varied_images
+    from anima_rknn.vae.tiling import encode_tiled
+
+    manifest = vae_set_manifest("rknn", encoder_rknn_set, tiny_set.vae, 112, 112, encoder=True)
+    encoder = open_tile_encoder("rknn", encoder_rknn_set, manifest, RknnOptions(runtime="simulator"))
+    vae = load_vae(tiny_set.vae, decode_only=False)
+    image = varied_images(1, 112, seed=5)
+    try:
+        with torch.no_grad():
+            got, want = encode_tiled(encoder, image, 64, 16), encode_tiled(vae, image, 64, 16)
+        assert list(encoder.backend.contexts) == [1]  # the encoder's context, not the decoder's
+    finally:
+        encoder.close()
+    assert got.shape == want.shape == (1, 16, 14, 14) and got.dtype == torch.float32
+    assert latent_psnr(want, got) >= 60
+
+
+def test_a_converted_set_without_the_encoder_says_how_to_get_one(vae_rknn_set, tiny_set):
+    from anima_rknn.engine.vae_tiles import vae_set_manifest
+    from anima_rknn.errors import AnimaError
+
+    with pytest.raises(AnimaError) as raised:
+        vae_set_manifest("rknn", vae_rknn_set, tiny_set.vae, 112, 112, encoder=True)
+    assert str(raised.value) == (f"the VAE set in {vae_rknn_set} has no encoder: export it again with `anima-rknn "
+                                 "export-vae --encoder` and convert it again with `anima-rknn convert-rknn`")
+
+
+def test_plan_adds_the_encode_stage_of_a_set_with_the_encoder(run_cli, encoder_rknn_set):
+    result = run_cli("plan", "--preset", "full", "-W", "512", "-H", "512", "--budget", "8GB",
+                     "--vae-subgraphs", encoder_rknn_set)
+    assert result.code == 0, result.err
+    assert "VAE decoder context (activations compiler)" in result.out
+    assert "VAE encoder context: weights" in result.out and "encode stage peak" in result.out
+    assert "whole run (DiT contexts closed before the decode, opened after the encode): peak" in result.out

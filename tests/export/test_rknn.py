@@ -96,3 +96,47 @@ def test_a_toolkit_failure_is_one_line_naming_the_file_and_leaves_no_partial_out
     assert "\n" not in str(raised.value)
     assert sorted(p.name for p in out.iterdir()) == ["b00_cross_attn.onnx", "b00_self_attn.onnx",
                                                      "b00_self_attn.rknn", "convert-progress.json"]
+
+
+@pytest.fixture(scope="module")
+def vae_encoder_onnx_set(tiny_set, tmp_path_factory):
+    """export-vae --encoder of the tiny model set's VAE, 64-px tiles."""
+    from anima_rknn.export.vae import export_vae_decoder
+
+    folder = tmp_path_factory.mktemp("vae-encoder-onnx")
+    export_vae_decoder(tiny_set.vae, folder, 64, 16, encoder=True)
+    return folder
+
+
+@needs_toolkit
+def test_a_vae_set_with_the_encoder_converts_both_and_resumes_the_missing_one(vae_encoder_onnx_set, tmp_path,
+                                                                              monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "rknn"
+    convert_subgraphs(vae_encoder_onnx_set, out, progress=False)
+    source = json.loads((vae_encoder_onnx_set / "manifest.json").read_text())
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {key: manifest[key] for key in source} == source  # the encoder's entry and calibration untouched
+    records = manifest["rknn"]["subgraphs"]
+    assert [(r["index"], r["rknn_file"]) for r in records] == [(0, "vae_decoder.rknn"), (1, "vae_encoder.rknn")]
+    for entry, record in zip(manifest["subgraphs"], records):
+        assert (out / entry["file"]).samefile(vae_encoder_onnx_set / entry["file"])  # the simulator's source
+        assert record["rknn_sha256"] == sha256_file(out / record["rknn_file"]) and record["internal_bytes"] > 0
+    decoder_time = (out / "vae_decoder.rknn").stat().st_mtime_ns
+    (out / "vae_encoder.rknn").unlink()
+    convert_subgraphs(vae_encoder_onnx_set, out, progress=False)
+    assert (out / "vae_decoder.rknn").stat().st_mtime_ns == decoder_time  # only the missing encoder redone
+    assert json.loads((out / "manifest.json").read_text())["rknn"]["subgraphs"][1]["rknn_sha256"] == sha256_file(
+        out / "vae_encoder.rknn")
+
+
+@needs_toolkit
+def test_a_vae_set_whose_encoder_was_not_calibrated_for_fp16_is_refused(vae_encoder_onnx_set, tmp_path):
+    source = tmp_path / "onnx"
+    shutil.copytree(vae_encoder_onnx_set, source)
+    manifest = json.loads((source / "manifest.json").read_text())
+    manifest.update(encoder_stream_peak=None, encoder_stream_scale=1.0)
+    (source / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(AnimaError, match="was exported for ONNX Runtime only, without the fp16 calibration"):
+        convert_subgraphs(source, tmp_path / "rknn", progress=False)
+    assert not (tmp_path / "rknn").exists()
