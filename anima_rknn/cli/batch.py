@@ -98,10 +98,7 @@ def batch(jobs_file, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer
 
 def run_local(jobs: list[BatchJob], results: Results, worker: Worker, bar: tqdm, publish: Publish) -> None:
     """In this process; Ctrl-C / SIGTERM stops the running job after its step and keeps its resume state."""
-    last: list[StepEvent] = []  # the running job's last step: its numbers count the steps of every pass
-
     def on_step(event: StepEvent) -> None:
-        last[:] = [event]
         bar.set_postfix_str(f"step {event.step}/{event.total}")
 
     try:
@@ -109,7 +106,6 @@ def run_local(jobs: list[BatchJob], results: Results, worker: Worker, bar: tqdm,
             LocalRunner(worker, results.folder, stop=lambda: bool(stops), on_step=on_step).run(jobs, publish)
     except Interrupted as e:
         bar.close()
-        step, total = (last[0].step, last[0].total) if last else (e.step, e.total)  # e's: its pass's
-        where = "before its first step" if e.path is None else f"after step {step}/{total}, its state kept"
+        where = "before its first step" if e.path is None else f"after step {e.step}/{e.total}, its state kept"
         click.echo(f"stopped {where}; run the same command again to continue", err=True)
         sys.exit(128 + stops[0])

@@ -88,10 +88,7 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
 
     runner = JobRunner(AnimaPipeline(files), checkpoint_every=checkpoint_every, warn=warn_once)
     bars: list[tqdm] = []  # opened at the first step, so that an error before it prints no empty bar
-    last: list[StepEvent] = []  # the last step event: its numbers count the steps of every pass
-
     def on_step(event: StepEvent) -> None:
-        last[:] = [event]
         if not bars:
             bars.append(tqdm(total=event.total, initial=event.step - 1, desc="denoise", unit="step",
                              file=sys.stderr, dynamic_ncols=True))
@@ -114,10 +111,8 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
         for bar in bars:
             bar.close()
     if stopped is not None:
-        # The last event counts the steps of every pass (the stop's own numbers are its pass's).
-        step, total = (last[0].step, last[0].total) if last else (stopped.step, stopped.total)
         click.echo("stopped before the first step; nothing to resume" if stopped.path is None else
-                   f"stopped after step {step}/{total}; resume with: anima-rknn generate "
+                   f"stopped after step {stopped.step}/{stopped.total}; resume with: anima-rknn generate "
                    f"--resume {shlex.quote(str(stopped.path))}", err=True)
         sys.exit(128 + stops[0])
 

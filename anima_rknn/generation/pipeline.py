@@ -48,6 +48,7 @@ from .image_to_image import (
 from .images import image_to_tensor
 from .params import DTYPES, MAX_PROMPT_TOKENS, DenoisePass, GenerationParams
 from .result import Conditioning, DecodePlan, Denoised, GenerationResult
+from .resume import Interrupted
 
 if TYPE_CHECKING:
     from .resume import Checkpoints, ResumeState
@@ -382,7 +383,11 @@ class AnimaPipeline:
             listener = _pass_progress(on_step, passes, index)
             if checkpoints is not None:
                 listener = checkpoints.listener(params, fingerprints, conditioning, listener, resumed, index)
-            done.append(self.denoise(conditioning, params, on_step=listener, resume=resumed, start=start))
+            try:
+                done.append(self.denoise(conditioning, params, on_step=listener, resume=resumed, start=start))
+            except Interrupted as stopped:  # told in steps of the whole run, as the step events are
+                before = sum(p.steps_run for p in passes[:index])
+                raise Interrupted(stopped.path, before + stopped.step, sum(p.steps_run for p in passes)) from None
             latent = done[-1].sample.latent
             if not done[-1].sample.finite:
                 break

@@ -109,12 +109,12 @@ class GenerationResult:
 
     @staticmethod
     def _pass_record(denoise_pass: DenoisePass, denoised: Denoised) -> dict[str, Any]:
-        """One denoising pass as the record lists it: its size, schedule and steps run, and what its cache did."""
+        """One denoising pass as the record lists it: its size, schedule and steps run, and what its cache did
+        (no time: a record's timings are under "timings", apart from what makes the picture)."""
         return {"width": denoise_pass.width, "height": denoise_pass.height, "steps": denoise_pass.steps,
                 "start": denoise_pass.start, "steps_run": denoise_pass.steps_run, "cache": denoise_pass.cache,
                 "transformer_passes": denoised.transformer_passes,
-                "computed_steps": denoised.sample.computed_steps, "skipped_steps": denoised.sample.skipped_steps,
-                "denoise_s": round(denoised.denoise_s, 4)}
+                "computed_steps": denoised.sample.computed_steps, "skipped_steps": denoised.sample.skipped_steps}
 
     def _image_to_image(self) -> dict[str, Any]:
         """The image-to-image settings a record names, when the run used them."""
