@@ -21,7 +21,8 @@ from .wan import WanVAE, WanVAEConfig
 TILING_MODES = ("auto", "on", "off")
 # Fitted on this project's decoder (benchmarks/vae_memory.py, figures in the README): the middle attention
 # materialises two n x n float32 matrices over the n latent pixels, and the full-resolution stage holds about
-# seven `dim`-channel float32 images. Errs on the high side: 1.1-1.9x the measured peak from 512x512 up.
+# seven `dim`-channel float32 images. Errs on the high side: 1.1-2.2x the measured peak from 512x512 up (the
+# benchmark resetting the peak before each decode; below that the full width measures 0.94x at 256x256).
 _ATTENTION_COPIES, _FULL_RES_COPIES, _OVERHEAD_BYTES = 2, 7, 128 << 20
 # A tiled decode also holds the float32 RGB image, the weight sum and the blend's temporaries.
 _TILED_BYTES_PER_PIXEL = 32
