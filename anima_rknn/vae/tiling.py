@@ -183,4 +183,5 @@ def _tiled(run: Callable[[Tensor], Tensor], x: Tensor, height: int, width: int, 
             region = (slice(y * step_out, (y + tile_h) * step_out), slice(x0 * step_out, (x0 + tile_w) * step_out))
             out[(..., *region)] += done * weights
             weight_sum[region] += weights
+    assert out is not None  # two tiles at least
     return out / weight_sum

@@ -3,10 +3,6 @@ that decide when to tile."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -240,36 +236,33 @@ def test_bad_encode_options_are_user_errors(shape, tile_px, overlap_px, message)
 
 # ---- the encoder's memory estimate -------------------------------------------------------------------------------
 
-MEASURE_ENCODE = """
-import json, resource, sys, torch
-from anima_rknn.vae import WanVAE, WanVAEConfig
-from anima_rknn.vae.tiling import encode_tiled
-dim, px, tile = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-torch.set_num_threads(1)
-vae = WanVAE(WanVAEConfig(dim=dim)).eval()
-image = torch.rand(1, 3, px, px)
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # reset the peak to the RSS now
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-with torch.no_grad():
-    vae.encode(image) if tile == 0 else encode_tiled(vae, image, tile, 64)
-print(json.dumps((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024))
-"""
+def torch_peak_bytes(run) -> int:
+    """The most bytes of tensors alive at once while `run()` runs, from torch's profiler (its allocation events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    live = peak = 0
+    for _, change in events:
+        live += change
+        peak = max(peak, live)
+    return peak
 
 
-@pytest.mark.parametrize(("dim", "px", "tile"), [(16, 768, 0), (96, 512, 0), (16, 1024, 512)])
+@pytest.mark.parametrize(("dim", "px", "tile"), [(16, 768, 0), (96, 256, 0), (16, 448, 256)])
 def test_the_encode_estimate_is_above_the_measured_peak(dim, px, tile):
-    """benchmarks/vae_memory.py's measurement (a fresh process's peak RSS over its RSS before) at sizes this suite
-    can afford. Small peaks measure low at times (the allocator reuses memory it already holds), so the estimate is
-    held close to the measured peak only where the middle attention's fresh 729 MiB dominate: 768 px, dim 16."""
-    done = subprocess.run([sys.executable, "-c", MEASURE_ENCODE, str(dim), str(px), str(tile)], capture_output=True,
-                          text=True, check=True)
-    peak = json.loads(done.stdout)
-    config = WanVAEConfig(dim=dim)
-    estimate = encode_bytes(config, px, px) if tile == 0 else tiled_encode_bytes(config, px, px, tile)
+    """The estimate against the peak of torch's own allocations, which is exact and the same on every run; the
+    process's peak RSS above it (allocator, thread pools) is what benchmarks/vae_memory.py measures and the fit's
+    margin covers (README). At 768 px the middle attention's 729 MiB dominate: there the estimate is close."""
+    vae = WanVAE(WanVAEConfig(dim=dim)).eval()
+    image = torch.rand(1, 3, px, px, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        peak = torch_peak_bytes(lambda: vae.encode(image) if tile == 0 else encode_tiled(vae, image, tile, 64))
+    estimate = encode_bytes(vae.config, px, px) if tile == 0 else tiled_encode_bytes(vae.config, px, px, tile)
     assert peak < estimate
-    if (dim, px) == (16, 768):
-        assert estimate < 1.5 * peak  # 1.11 in the benchmark
+    if tile == 0 and dim == 16:
+        assert estimate < 1.5 * peak  # 749 MiB measured, 1.29x
 
 
 def test_encode_memory_grows_with_the_square_of_the_pixels():
