@@ -93,14 +93,16 @@ def start_latent(latent: np.ndarray, noise: np.ndarray, sigma: float, source: So
     """The first latent of an img2img / inpainting pass, and the Inpaint that holds the unmasked part.
 
     The masked content replaces the masked latent pixels before the noise is added, as A1111 does with its
-    rounded latent mask: latent noise (`content_noise`, a draw of its own) or nothing (zeros)."""
+    rounded latent mask: latent noise (`content_noise`, a draw of its own) or nothing (zeros). Only the start:
+    what the Inpaint keeps outside the mask, a soft edge's share included, is the original's latent."""
     if source.mask is None:
         return noised(latent, noise, sigma), None
     mask = latent_mask(source.mask, latent.shape[-1], latent.shape[-2])
+    start = latent
     if params.masked_content in ("latent_noise", "latent_nothing"):
         fill = content_noise if params.masked_content == "latent_noise" else np.zeros_like(latent)
-        latent = np.where(np.round(mask) > 0, fill, latent).astype(np.float32)
-    return noised(latent, noise, sigma), Inpaint(latent, noise, mask)
+        start = np.where(np.round(mask) > 0, fill, latent).astype(np.float32)
+    return noised(start, noise, sigma), Inpaint(latent, noise, mask)
 
 
 def finish(image: Image.Image, source: Source | None) -> Image.Image:

@@ -60,8 +60,9 @@ class Option:
 
     `kind` is what a value is: int, number, text, choice, path, bool, or a structured one (cache_options, loras,
     rknn, image: an ImageInput, outpaint: four pixel counts) whose front ends each have their own spelling.
-    `request` is the field an HTTP request sets it with (None: the server's own setting, chosen when it starts). `picture`: the setting changes the picture, so a
-    resume state and a batch job id hold it, and a JSONL job may set it."""
+    `request` is the field an HTTP request sets it with (None: the server's own setting, chosen when it starts).
+    `picture`: the setting changes the picture, so a resume state and a batch job id hold it, and a JSONL job may
+    set it."""
 
     help: str
     kind: str

@@ -375,11 +375,11 @@ class AnimaPipeline:
         first = resume.pass_index if resume is not None else 0
         done: list[Denoised] = []
         latent: np.ndarray | None = None
-        vae_encode_s = 0.0
+        vae_encode_s = decode_s = 0.0
         for index in range(first, len(passes)):
             resumed = resume if index == first else None
-            start, encode_s = self._pass_start(params, plan, passes, index, source, latent, resumed)
-            vae_encode_s += encode_s
+            start, encode_s, first_decode_s = self._pass_start(params, plan, passes, index, source, latent, resumed)
+            vae_encode_s, decode_s = vae_encode_s + encode_s, decode_s + first_decode_s
             listener = _pass_progress(on_step, passes, index)
             if checkpoints is not None:
                 listener = checkpoints.listener(params, fingerprints, conditioning, listener, resumed, index)
@@ -391,40 +391,42 @@ class AnimaPipeline:
             latent = done[-1].sample.latent
             if not done[-1].sample.finite:
                 break
-        image, decode_s = None, 0.0
+        image = None
         if done[-1].sample.finite and len(done) == len(passes) - first:  # never decode a latent with NaN/Inf
-            image, decode_s = self.decode(done[-1].sample.latent, plan, params.rknn)
-            image = finish(image, source)
+            image, last_decode_s = self.decode(done[-1].sample.latent, plan, params.rknn)
+            image, decode_s = finish(image, source), decode_s + last_decode_s
         return Rendered(done[-1], done[0] if len(done) > 1 else None, image, decode_s, vae_encode_s)
 
     def _pass_start(self, params: GenerationParams, plan: DecodePlan, passes: list[DenoisePass], index: int,
                     source: Source | None, previous: np.ndarray | None,
-                    resumed: ResumeState | None) -> tuple[PassStart, float]:
-        """Pass `index`'s start and the seconds its VAE encode took: noise (txt2img), the init image encoded and
-        noised (img2img, inpainting), or the first pass upscaled and noised (hires). A resumed pass starts from
+                    resumed: ResumeState | None) -> tuple[PassStart, float, float]:
+        """Pass `index`'s start and the seconds its VAE encode and decode took: noise (txt2img), the init image
+        encoded and noised (img2img, inpainting), or the first pass upscaled and noised (hires; Lanczos decodes
+        the first pass's picture and encodes it at the hires size). A resumed pass starts from
         its state's latent; an inpainting one encodes its image again for the part it keeps."""
         denoise_pass = passes[index]
         if index == 0 and source is None:
             return PassStart(0, denoise_pass, None if resumed else initial_noise(params.seed, params.width,
-                                                                                  params.height)), 0.0
+                                                                                  params.height)), 0.0, 0.0
         if resumed is not None and (index > 0 or source.mask is None):
-            return PassStart(index, denoise_pass, None), 0.0
+            return PassStart(index, denoise_pass, None), 0.0, 0.0
         sigma = float(denoise_pass.sigmas[0])
         if index == 0:
             latent, encode_s = self.encode_image(source.image, plan, params.rknn)
             noise, content_noise = noise_draws(params.seed, [(denoise_pass.width, denoise_pass.height)] * 2)
             x, inpaint = start_latent(latent, noise, sigma, source, params, content_noise)
-            return PassStart(0, denoise_pass, x, inpaint), encode_s
-        encode_s = 0.0
+            return PassStart(0, denoise_pass, x, inpaint), encode_s, 0.0
+        encode_s = decode_s = 0.0
         if params.hires_upscaler == "lanczos":
-            image, _ = self.decode(previous, self._vae_plan(params, passes[0].width, passes[0].height), params.rknn)
+            image, decode_s = self.decode(previous, self._vae_plan(params, passes[0].width, passes[0].height),
+                                          params.rknn)
             latent, encode_s = self.encode_image(upscale_image(image, denoise_pass.width, denoise_pass.height), plan,
                                                  params.rknn)
         else:
             latent = upscale_latent(previous, denoise_pass.width, denoise_pass.height, params.hires_upscaler)
         noise = noise_draws(params.seed, [(passes[0].width, passes[0].height),
                                           (denoise_pass.width, denoise_pass.height)])[1]
-        return PassStart(index, denoise_pass, noised(latent, noise, sigma)), encode_s
+        return PassStart(index, denoise_pass, noised(latent, noise, sigma)), encode_s, decode_s
 
 
 def _pass_progress(on_step: StepCallback | None, passes: list[DenoisePass], index: int) -> StepCallback | None:

@@ -213,3 +213,25 @@ def test_image_settings_without_an_init_image_are_refused(tmp_path):
         dataclasses.replace(BASE, mask=mask).validate()
     with pytest.raises(AnimaError, match="init_image must be an image"):
         dataclasses.replace(BASE, init_image=str(tmp_path / "m.png")).validate()  # never a path
+
+
+@pytest.mark.parametrize("content", ["latent_noise", "latent_nothing"])
+def test_latent_masked_content_only_starts_the_masked_area(tmp_path, content):
+    # The fill replaces the rounded mask's latent pixels at the start; what the run keeps outside the mask, a soft
+    # edge's share included, is the original's latent (else noise or zeros would show along the edge).
+    from anima_rknn.generation.image_to_image import start_latent
+
+    init = _picture(tmp_path / "i.png")
+    params = dataclasses.replace(BASE, init_image=init, strength=0.8, masked_content=content, mask_blur=6,
+                                 mask=_mask(tmp_path / "m.png", (64, 64), (20, 20, 44, 44)))
+    source = prepare_source(params)
+    rng = np.random.default_rng(0)
+    latent, noise, fill = (rng.standard_normal((1, 16, 8, 8)).astype(np.float32) for _ in range(3))
+    x, inpaint = start_latent(latent, noise, 0.9, source, params, fill)
+    assert np.array_equal(inpaint.latent, latent)
+    filled = np.round(inpaint.mask[0, 0]) > 0
+    soft = (inpaint.mask[0, 0] > 0) & (inpaint.mask[0, 0] < 1)
+    assert filled.any() and soft.any()
+    expected = (fill if content == "latent_noise" else np.zeros_like(latent))[..., filled]
+    np.testing.assert_allclose(x[..., filled], 0.1 * expected + 0.9 * noise[..., filled], atol=1e-6)
+    np.testing.assert_allclose(x[..., ~filled], 0.1 * latent[..., ~filled] + 0.9 * noise[..., ~filled], atol=1e-6)
