@@ -22,7 +22,7 @@ from typing import Any
 
 from ..core.files import json_text, write_text
 from ..generation.params import GenerationParams
-from ..generation.result import call_noun
+from ..generation.result import call_noun, image_to_image_record
 from ..sampling.samplers import SAMPLERS
 from . import DEFAULT_MIN_PSNR, metrics
 from .run import BASELINE, BenchResult, PolicyRuns, SeedResult
@@ -256,7 +256,7 @@ def build_report(result: BenchResult, model_name: str, thresholds: Thresholds | 
             "steps_run": steps_run(params), "image_size": list(image_size) if image_size else None,
             "passes": [{"width": p.width, "height": p.height, "steps": p.steps, "start": p.start,
                         "steps_run": p.steps_run} for p in params.passes()],
-            **_image_to_image(params),
+            **image_to_image_record(params),
             "seeds": list(dict.fromkeys(entry["seed"] for entry in seeds)), "repeats": result.repeats,
             "caches": {name: seeds[0]["cached"][name]["cache_options"] for name in caches},
         },
@@ -270,24 +270,6 @@ def build_report(result: BenchResult, model_name: str, thresholds: Thresholds | 
         "aggregate": aggregate,
         "verdict": _verdict(policies, thresholds),
     }
-
-
-def _image_to_image(params: GenerationParams) -> dict[str, Any]:
-    """The image-to-image settings the bench ran with, where it used them."""
-    found: dict[str, Any] = {}
-    if params.init_image is not None:
-        found |= {"init_image": params.init_image.as_json(), "strength": params.strength,
-                  "resize_mode": params.resize_mode}
-    if params.mask is not None or params.outpaint is not None:
-        found |= {"mask": params.mask.as_json() if params.mask else None, "mask_blur": params.mask_blur,
-                  "invert_mask": params.invert_mask, "masked_content": params.masked_content,
-                  "inpaint_area": params.inpaint_area, "outpaint": list(params.outpaint) if params.outpaint else None}
-    if params.hires:
-        width, height = params.hires_size()
-        found |= {"hires": {"width": width, "height": height, "steps": params.passes()[-1].steps,
-                            "upscaler": params.hires_upscaler, "strength": params.strength,
-                            "cache": params.hires_cache}}
-    return found
 
 
 def _run_text(s: dict[str, Any]) -> str:

@@ -105,7 +105,7 @@ class GenerationResult:
             "image_size": list(self.image.size) if self.image is not None else None,
             "passes": [self._pass_record(p, d) for p, d in zip(params.passes()[-len(self.denoised_passes()):],
                                                                self.denoised_passes())],
-        } | self._image_to_image()
+        } | image_to_image_record(params)
 
     @staticmethod
     def _pass_record(denoise_pass: DenoisePass, denoised: Denoised) -> dict[str, Any]:
@@ -116,22 +116,25 @@ class GenerationResult:
                 "transformer_passes": denoised.transformer_passes,
                 "computed_steps": denoised.sample.computed_steps, "skipped_steps": denoised.sample.skipped_steps}
 
-    def _image_to_image(self) -> dict[str, Any]:
-        """The image-to-image settings a record names, when the run used them."""
-        params, record = self.params, {}
-        if params.init_image is not None:
-            record |= {"init_image": params.init_image.as_json(), "strength": params.strength,
-                       "resize_mode": params.resize_mode}
-        if params.mask is not None or params.outpaint is not None:
-            record |= {"mask": params.mask.as_json() if params.mask else None, "mask_blur": params.mask_blur,
-                       "invert_mask": params.invert_mask, "masked_content": params.masked_content,
-                       "inpaint_area": params.inpaint_area, "inpaint_padding": params.inpaint_padding,
-                       "outpaint": list(params.outpaint) if params.outpaint else None}
-        if params.hires:
-            record |= {"hires": {"width": params.hires_size()[0], "height": params.hires_size()[1],
-                                 "steps": params.passes()[-1].steps, "upscaler": params.hires_upscaler,
-                                 "strength": params.strength, "cache": params.passes()[-1].cache}}
-        return record
+
+def image_to_image_record(params: GenerationParams) -> dict[str, Any]:
+    """The image-to-image settings a record names (generate's, a server job's, bench's report), where the run used
+    them: the init image and strength, the mask's settings, the hires pass."""
+    record: dict[str, Any] = {}
+    if params.init_image is not None:
+        record |= {"init_image": params.init_image.as_json(), "strength": params.strength,
+                   "resize_mode": params.resize_mode}
+    if params.mask is not None or params.outpaint is not None:
+        record |= {"mask": params.mask.as_json() if params.mask else None, "mask_blur": params.mask_blur,
+                   "invert_mask": params.invert_mask, "masked_content": params.masked_content,
+                   "inpaint_area": params.inpaint_area, "inpaint_padding": params.inpaint_padding,
+                   "outpaint": list(params.outpaint) if params.outpaint else None}
+    if params.hires:
+        width, height = params.hires_size()
+        record |= {"hires": {"width": width, "height": height, "steps": params.passes()[-1].steps,
+                             "upscaler": params.hires_upscaler, "strength": params.strength,
+                             "cache": params.passes()[-1].cache}}
+    return record
 
 
 def call_noun(model_calls: int, steps: int) -> str:
