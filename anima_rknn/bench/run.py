@@ -20,7 +20,7 @@ from PIL import Image
 
 from ..core.memory import peak_rss
 from ..errors import AnimaError
-from ..generation.params import SAME_CACHE, GenerationParams
+from ..generation.params import GenerationParams, uncached
 from ..generation.pipeline import AnimaPipeline
 from ..generation.result import Conditioning, DecodePlan, Denoised
 from ..sampling.caches import CACHE_NAMES, make_cache
@@ -117,11 +117,6 @@ def parse_sampler_list(text: str) -> list[str]:
     if len(set(names)) != len(names):
         raise AnimaError(f"a sampler is listed twice in {text!r}")
     return names
-
-
-def uncached(params: GenerationParams) -> GenerationParams:
-    """`params` with no step cache in any pass: a baseline."""
-    return dataclasses.replace(params, cache="none", cache_options={}, hires_cache=SAME_CACHE)
 
 
 def sampler_params(params: GenerationParams, samplers: Sequence[str]) -> dict[str, GenerationParams]:

@@ -408,6 +408,11 @@ REQUEST_FIELDS = {opt.request: name for name, opt in options() if opt.request}  
 SERVER_SETTINGS = tuple(name for name, opt in options() if opt.request is None)  # chosen when `serve` starts
 
 
+def uncached(params: GenerationParams) -> GenerationParams:
+    """`params` with no step cache in any pass: its baseline (bench's, the server's compare)."""
+    return dataclasses.replace(params, cache="none", cache_options={}, hires_cache=SAME_CACHE)
+
+
 def hires_upscaler_name(text: object) -> str:
     """An upscaler as ours: our names, or A1111's labels ("Latent", "Latent (bicubic)", "Lanczos"), any case."""
     if isinstance(text, str):

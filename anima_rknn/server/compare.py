@@ -6,7 +6,6 @@ benchmark's own metrics (PSNR, SSIM, difference map), and the summaries give the
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import math
 from typing import Any
@@ -15,7 +14,7 @@ from PIL import Image
 
 from ..bench.metrics import difference_map, psnr, ssim
 from ..errors import AnimaError
-from ..generation.params import GenerationParams, settings_of
+from ..generation.params import GenerationParams, settings_of, uncached
 from .jobs import Job, JobQueue
 
 GIVEN_UP = ("failed", "cancelled")
@@ -31,14 +30,16 @@ class NotReady(AnimaError):
 
 
 def twin_params(job: Job) -> GenerationParams:
-    if job.params.cache == "none":
+    twin = uncached(job.params)
+    if twin == job.params:
         raise NotComparable(f"job {job.id} ran without a cache: it is its own baseline")
-    return dataclasses.replace(job.params, cache="none", cache_options={})
+    return twin
 
 
 def twin_of(queue: JobQueue, job: Job) -> Job:
-    """The job's uncached twin: one already queued, running or done is reused, so a second click costs nothing."""
-    wanted = twin_params(job)
+    """The job's uncached twin: one already queued, running or done is reused, so a second click costs nothing.
+    A finished job keeps its images by fingerprint; the twin gets their bytes back from the queue's inputs."""
+    wanted = queue.with_inputs(twin_params(job))
     if job.state in GIVEN_UP:
         raise NotReady(f"job {job.id} {job.state}: there is nothing to compare")
     settings = settings_of(wanted)

@@ -81,6 +81,13 @@ def total_steps(params: GenerationParams) -> int:
         return params.steps
 
 
+def without_bytes(params: GenerationParams) -> GenerationParams:
+    """`params` with its images kept by fingerprint only."""
+    images = {image_name: ImageInput(None, image.name, image.sha256) for image_name in IMAGE_SETTINGS
+              if (image := getattr(params, image_name)) is not None and image.data is not None}
+    return dataclasses.replace(params, **images) if images else params
+
+
 def image_inputs(params: GenerationParams) -> list[ImageInput]:
     return [image for name in IMAGE_SETTINGS if (image := getattr(params, name)) is not None]
 
@@ -131,7 +138,7 @@ class JobQueue:
                 job.done.set()
                 continue
             try:
-                job.params = self._with_inputs(job.params)
+                job.params = self.with_inputs(job.params)
             except AnimaError as e:
                 job.state, job.error = "failed", str(e)
                 default_state_path(self.image_path(job)).unlink(missing_ok=True)  # nothing can resume it
@@ -151,7 +158,7 @@ class JobQueue:
             if not self._input_path(image).is_file():
                 write_bytes(self._input_path(image), image.data, overwrite=True)
 
-    def _with_inputs(self, params: GenerationParams) -> GenerationParams:
+    def with_inputs(self, params: GenerationParams) -> GenerationParams:
         """`params` with its fingerprint-only images given their bytes from the inputs folder."""
         found = {}
         for name in IMAGE_SETTINGS:
@@ -171,10 +178,12 @@ class JobQueue:
         return dataclasses.replace(params, **found) if found else params
 
     def _remove_unused_inputs(self) -> None:
-        """Every input that no unfinished job needs (a finished job's record keeps only the fingerprint)."""
+        """Every input that no unfinished job needs, nor a recent completed one (whose twin a compare may queue);
+        finished jobs keep their images by fingerprint only, in memory and in their records."""
         with self._lock:
-            needed = {self._input_path(image).name for job in self._jobs.values() if job.state not in FINISHED
-                      for image in image_inputs(job.params)}
+            recent = {job.id for job in self.recent() if job.state == "completed"}
+            needed = {self._input_path(image).name for job in self._jobs.values()
+                      if job.state not in FINISHED or job.id in recent for image in image_inputs(job.params)}
             for path in self.inputs.iterdir():
                 if path.name not in needed:
                     path.unlink(missing_ok=True)
@@ -242,6 +251,7 @@ class JobQueue:
 
     def _finish(self, job: Job, state: str, error: str | None = None) -> None:
         job.state, job.error, job.preview = state, error, None
+        job.params = without_bytes(job.params)  # up to tens of MiB per upload: a finished job needs its sha256 only
         self._save(job)
         if image_inputs(job.params):
             self._remove_unused_inputs()

@@ -81,3 +81,28 @@ def test_generate_refuses_a_set_that_does_not_fit_before_any_work(run_cli, model
     result = run_cli(*GENERATE, *args, "--model", model_dir, "--out", tmp_path / "x.png")
     assert result.code == 1 and message in result.err and result.err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_img2img_encodes_on_the_onnx_backend_like_torch(run_cli, model_dir, tiny_set, tmp_path):
+    """An init image is encoded by the set's encoder tiles (2x2 here), not on the CPU's torch path."""
+    vae_set = tmp_path / "set"
+    assert run_cli("export-vae", "--vae", tiny_set.vae, "--tile", "64", "--overlap", "16", "--encoder",
+                   "--out", vae_set).code == 0
+    rng = np.random.default_rng(2)
+    Image.fromarray(rng.integers(0, 255, (14, 14, 3), dtype=np.uint8)).resize((112, 112)).save(tmp_path / "in.png")
+    img2img = (*GENERATE, "--model", model_dir, "--init-img", tmp_path / "in.png", "--strength", "0.5", "--json")
+    on_torch = run_cli(*img2img, "--vae-backend", "torch", "--vae-tiling", "--out", tmp_path / "torch.png")
+    on_onnx = run_cli(*img2img, "--vae-backend", "onnx", "--vae-subgraphs", vae_set, "--out", tmp_path / "onnx.png")
+    assert on_torch.code == 0 and on_onnx.code == 0, on_onnx.err
+    assert json.loads(on_onnx.out)["vae_backend"] == "onnx" and json.loads(on_onnx.out)["timings"]["vae_encode_s"] > 0
+    a, b = (np.asarray(Image.open(tmp_path / f"{name}.png"), np.int16) for name in ("torch", "onnx"))
+    assert np.abs(a - b).max() <= 2  # encode and decode both in ONNX Runtime's fp32: float rounding apart
+
+
+def test_img2img_on_a_set_without_the_encoder_is_refused_before_any_work(run_cli, model_dir, tiny_vae_onnx_set,
+                                                                         tmp_path):
+    Image.new("RGB", (112, 112), (10, 200, 30)).save(tmp_path / "in.png")
+    result = run_cli(*GENERATE, "--model", model_dir, "--init-img", tmp_path / "in.png", "--vae-backend", "onnx",
+                     "--vae-subgraphs", tiny_vae_onnx_set, "--out", tmp_path / "x.png")
+    assert result.code == 1 and "has no encoder" in result.err and result.err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.png"]

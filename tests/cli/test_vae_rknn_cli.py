@@ -212,3 +212,18 @@ def test_plan_adds_the_encode_stage_of_a_set_with_the_encoder(run_cli, encoder_r
     assert "VAE decoder context (activations compiler)" in result.out
     assert "VAE encoder context: weights" in result.out and "encode stage peak" in result.out
     assert "whole run (DiT contexts closed before the decode, opened after the encode): peak" in result.out
+
+
+def test_img2img_encodes_and_decodes_on_the_simulator_close_to_torch(run_cli, model_dir, encoder_rknn_set, tmp_path):
+    """generate --init-img on --vae-backend rknn: the init image goes through the set's encoder tiles on the NPU's
+    fp16 numerics, the picture through its decoder; against torch fp32 on both sides."""
+    rng = np.random.default_rng(4)
+    Image.fromarray(rng.integers(0, 255, (14, 14, 3), dtype=np.uint8)).resize((112, 112)).save(tmp_path / "in.png")
+    img2img = (*GENERATE, "--model", model_dir, "--init-img", tmp_path / "in.png", "--strength", "0.5", "--json")
+    on_torch = run_cli(*img2img, "--vae-backend", "torch", "--vae-tiling", "--out", tmp_path / "torch.png")
+    on_rknn = run_cli(*img2img, "--vae-backend", "rknn", "--vae-subgraphs", encoder_rknn_set, "--rknn-runtime",
+                      "simulator", "--out", tmp_path / "rknn.png")
+    assert on_torch.code == 0 and on_rknn.code == 0, on_rknn.err
+    assert json.loads(on_rknn.out)["timings"]["vae_encode_s"] > 0
+    a, b = (np.asarray(Image.open(tmp_path / f"{name}.png"), np.float64) for name in ("torch", "rknn"))
+    assert 10 * np.log10(255**2 / np.mean((a - b) ** 2)) >= 35

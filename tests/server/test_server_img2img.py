@@ -254,7 +254,28 @@ def test_native_api_takes_base64_images_and_the_images_size(server):
     code, picture = call(f"{url}/api/jobs/{job['id']}/image")
     _keeps_outside(Image.open(io.BytesIO(picture)), init)
     assert len(queue.recent(10_000)) == before + 1
-    assert not list(queue.inputs.iterdir())  # no unfinished job needs the upload: removed
+    # A finished job keeps its images by fingerprint alone (the bytes leave memory); the upload stays on disk while
+    # the job is recent, for a compare with its baseline.
+    finished = queue.get(job["id"]).params
+    assert finished.init_image.data is None and finished.mask.data is None
+    assert (queue.inputs / f"{job['params']['init_image']['sha256']}.img").is_file()
+
+
+def test_a_finished_cached_img2img_job_compares_with_its_uncached_twin(server):
+    url, queue = server
+    init = noise_image(seed=8)
+    code, job = call(f"{url}/api/jobs", {"prompt": "a red square", "init_image": b64(png(init)), "steps": 12,
+                                         "denoising_strength": 0.8, "cache": "spectrum", "hr_cache": "none",
+                                         "seed": 2})
+    assert code == 200 and _wait_done(url, job["id"])["state"] == "completed"
+    code, twin = call(f"{url}/api/jobs/{job['id']}/compare", {})
+    assert code == 200, twin
+    assert _wait_done(url, twin["id"])["state"] == "completed"
+    assert twin["params"]["cache"] == "none" and twin["params"]["init_image"] == job["params"]["init_image"]
+    code, compared = call(f"{url}/api/jobs/{job['id']}/compare/{twin['id']}")
+    assert code == 200 and compared["ready"], compared
+    # 10 of the 12 steps run (strength 0.8); Spectrum computes 1-4, 6, 8 and 10 of them.
+    assert compared["computed_steps"] == {"cached": 7, "baseline": 10}
 
 
 def test_settings_describe_the_image_fields(server):
@@ -359,7 +380,8 @@ def test_a_queued_img2img_job_survives_a_restart(tiny_set, tmp_path, server):
         assert again.done.wait(120) and again.state == "completed", again.error
     finally:
         second.close()
-    assert not list(second.inputs.iterdir())  # no unfinished job needs them any more
+    # Only what a compare of the recent completed job needs is left (the failed job's image went with it).
+    assert [p.name for p in second.inputs.iterdir()] == [f"{hashlib.sha256(PNG).hexdigest()}.img"]
     # The same job on the module's server: the same picture.
     reference = reference_queue.submit(_img2img_params(10, mask=None))
     assert reference.done.wait(120) and reference.state == "completed"
@@ -373,8 +395,9 @@ def test_an_inpainting_job_stopped_by_a_shutdown_resumes_after_a_restart(tiny_se
     import signal
 
     url, _ = server
-    request = {"prompt": "a cat", "steps": 40, "cfg_scale": 1, "seed": 11, "init_image": b64(PNG), "mask": b64(MASK),
-               "denoising_strength": 1.0}
+    # 150 steps (the server's most): seconds of work left when the signal comes, as test_server.py's SIGTERM test.
+    request = {"prompt": "a cat", "steps": 150, "cfg_scale": 1, "seed": 11, "init_image": b64(PNG),
+               "mask": b64(MASK), "denoising_strength": 1.0}
     model_dir, data_dir, port = tiny_set.dit.parents[2], tmp_path / "data", _free_port()
     base = f"http://127.0.0.1:{port}"
     with open(tmp_path / "log.txt", "wb") as log:
@@ -391,7 +414,7 @@ def test_an_inpainting_job_stopped_by_a_shutdown_resumes_after_a_restart(tiny_se
         finally:
             second.terminate()
             second.wait(timeout=60)
-    assert not list((data_dir / "inputs").iterdir())
+    assert len(list((data_dir / "inputs").iterdir())) == 2  # kept while the completed job is recent (compare)
     reference = call(f"{url}/api/jobs", request)[1]
     assert _wait_done(url, reference["id"], 300)["state"] == "completed"
     resumed = Image.open(data_dir / f"{job['id']}.png")
