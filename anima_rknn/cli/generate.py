@@ -150,7 +150,7 @@ def size_text(params: GenerationParams, report: dict) -> str:
 
 
 def steps_text(params: GenerationParams) -> str:
-    """The steps each pass ran, honestly: an image-to-image pass runs the last round(steps x strength) of its
+    """The steps each pass ran, honestly: an image-to-image pass runs the last steps x strength (rounded up) of its
     schedule ("10 of 20 steps (strength 0.5)"); the hires fix's passes are added ("20 steps + 15 of 20 hires
     steps (strength 0.75)")."""
     parts = []

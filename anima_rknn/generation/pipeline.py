@@ -222,7 +222,7 @@ class AnimaPipeline:
         passes, subgraph_runs = engine.passes, engine.subgraph_runs
         del dit, engine, denoise  # the step function holds the engine too
         return_freed_memory()
-        return Denoised(sampled, passes, subgraph_runs, elapsed)
+        return Denoised(sampled, passes, subgraph_runs, elapsed, start.index)
 
     def decode(self, latent: np.ndarray, plan: DecodePlan = DecodePlan(),
                rknn: RknnOptions = RknnOptions()) -> tuple[Image.Image, float]:
@@ -340,6 +340,8 @@ class AnimaPipeline:
                                          "loras": lora_fingerprints(params.loras)}
         if params.backend != "torch":
             prints["subgraphs"] = cached_sha256(Path(params.subgraphs) / MANIFEST)
+            if params.hires:  # the hires pass's set, made for its size
+                prints["hires_subgraphs"] = cached_sha256(Path(params.hires_subgraphs) / MANIFEST)
         return prints
 
     def generate(self, params: GenerationParams, on_step: StepCallback | None = None, *,

@@ -40,6 +40,7 @@ class Denoised:
     transformer_passes: int
     subgraph_runs: int
     denoise_s: float
+    pass_index: int = 0  # which of the run's passes (GenerationParams.passes()) this is
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +104,7 @@ class GenerationResult:
             "cache_error_estimate": sample.error_estimate,  # None: the cache does not measure itself
             "finite": self.finite,
             "image_size": list(self.image.size) if self.image is not None else None,
-            "passes": [self._pass_record(p, d) for p, d in zip(params.passes()[-len(self.denoised_passes()):],
-                                                               self.denoised_passes())],
+            "passes": [self._pass_record(params.passes()[d.pass_index], d) for d in self.denoised_passes()],
         } | image_to_image_record(params)
 
     @staticmethod
@@ -160,7 +160,7 @@ def png_parameters(params: GenerationParams, model_name: str, result: Generation
         fields.append("Cache options: " + ",".join(f"{k}={v}" for k, v in params.cache_options.items()))
     if result is not None and params.cache != "none":
         computed, calls = len(result.denoised.sample.computed_steps), params.model_calls()
-        fields.append(f"Computed {call_noun(calls, params.steps)}: {computed}/{calls}")
+        fields.append(f"Computed {call_noun(calls, params.passes()[-1].steps_run)}: {computed}/{calls}")
         if result.denoised.sample.error_estimate is not None:
             fields.append(f"Cache error estimate: {result.denoised.sample.error_estimate:.4g}")
     vae_backend = (result.vae_backend if result is not None else None) or params.vae_backend

@@ -43,7 +43,8 @@ STATE_SUFFIX = ".state"
 # Checkpoints by default: after every computed step, once the run is this long (elapsed + ETA), so that a
 # crash or power cut on the board loses one step, while a seconds-long CPU run writes nothing.
 LONG_RUN_S = 60.0
-FINGERPRINTS = {"dit", "text_encoder", "vae", "subgraphs", "loras"}  # "loras": in states written since LoRAs
+# "loras": in states written since LoRAs; "hires_subgraphs": in those of a hires run on onnx / rknn.
+FINGERPRINTS = {"dit", "text_encoder", "vae", "subgraphs", "loras", "hires_subgraphs"}
 
 
 class Interrupted(Exception):
@@ -89,7 +90,8 @@ class ResumeState:
         """Refuse a state made with other model files or a subgraph set, or whose contexts this DiT cannot take."""
         for name in sorted(self.fingerprints.keys() | fingerprints.keys()):
             if self.fingerprints.get(name) != fingerprints.get(name):
-                what = {"subgraphs": "subgraph set", "loras": "set of LoRA files"}.get(
+                what = {"subgraphs": "subgraph set", "hires_subgraphs": "hires subgraph set",
+                        "loras": "set of LoRA files"}.get(
                     name, name.replace("_", " ") + " file")
                 raise AnimaError(f"the state was made with another {what}")
         if tuple(self.conditioning.positive.shape) != context_shape:

@@ -2,7 +2,7 @@
 
 txt2img and img2img answer only once their images are done, as WebUI's do; /progress and /interrupt act on the
 job running now, whichever API submitted it, its progress over all the steps it runs (an img2img job runs
-round(steps x denoising_strength), a hires one two passes). Samplers go by A1111's display names ("Euler a",
+steps x denoising_strength rounded up, a hires one two passes). Samplers go by A1111's display names ("Euler a",
 "DPM++ 2M SDE") or ours; a name this server lacks is refused with the list, never replaced by another sampler as
 WebUI would.
 

@@ -40,7 +40,6 @@ from . import a1111, native, openai, page
 from .compare import NotReady
 from .jobs import Job, JobQueue, QueueFull
 from .requests import (
-    MAX_BODY_BYTES,  # noqa: F401  (where it was: the limit of a request without images)
     MAX_IMAGE_BODY_BYTES,
     BadRequest,
     BodyTooLarge,
@@ -60,7 +59,9 @@ def _kind_details(kind: str) -> dict[str, Any]:
     """What a client must know to send a setting of this kind beyond its range: how an image is encoded and bounded,
     what outpaint's list holds."""
     if kind == "image":
-        return {"encoding": "base64 of the file's bytes, or a data:image/...;base64, URL", "max_bytes": MAX_IMAGE_BYTES,
+        # An image rides in a body of at most MAX_IMAGE_BODY_BYTES, as base64 (4 characters per 3 bytes).
+        return {"encoding": "base64 of the file's bytes, or a data:image/...;base64, URL",
+                "max_bytes": min(MAX_IMAGE_BYTES, MAX_IMAGE_BODY_BYTES * 3 // 4),
                 "max_pixels": MAX_IMAGE_PIXELS, "max_body_bytes": MAX_IMAGE_BODY_BYTES,
                 "formats": list(IMAGE_FORMATS)}
     if kind == "outpaint":

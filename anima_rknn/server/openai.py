@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from starlette.datastructures import FormData, UploadFile
 
+from ..errors import AnimaError
 from ..generation.images import MAX_IMAGE_BYTES, ImageInput, mask_from_alpha
 from ..generation.params import REQUEST_FIELDS, option
 from .requests import BadRequest, _number, _text, error_answer, form_body, json_body
@@ -83,19 +84,28 @@ def _form_fields(form: FormData) -> dict[str, Any]:
 
 
 def _edit_images(image_data: bytes, mask_data: bytes | None) -> tuple[ImageInput, ImageInput | None, tuple[int, int]]:
-    """The init image, the mask as the table's (white = repaint, from the upload's fully transparent pixels) and
-    the image's size; one 400 line for an image that is not one, a mask of another size or with nothing to edit."""
+    """The init image, the mask as the table's (white = repaint, from the mask's fully transparent pixels, or
+    without a mask the image's own) and the image's size; one 400 line for an image that is not one, a mask of
+    another size or with nothing to edit."""
     image = ImageInput.from_bytes(image_data, "image")
     opened = image.open()  # every check now: the mask is compared with what it will be laid over
     if mask_data is None:
-        return image, None, opened.size
-    mask_image = ImageInput.from_bytes(mask_data, "mask").open()
-    if mask_image.size != opened.size:
-        raise BadRequest(f"the mask is {mask_image.width}x{mask_image.height} but the image is {opened.width}x"
-                         f"{opened.height}; they must be the same size")
-    mask = mask_from_alpha(mask_image)
-    if mask.getbbox() is None:
-        raise BadRequest("the mask has no fully transparent pixel: nothing would be edited")
+        # As OpenAI's edits: without a mask, the image's own fully transparent pixels are what is edited; an
+        # image without any is varied as a whole.
+        try:
+            mask = mask_from_alpha(opened)
+        except AnimaError:  # no alpha channel
+            return image, None, opened.size
+        if mask.getbbox() is None:
+            return image, None, opened.size
+    else:
+        mask_image = ImageInput.from_bytes(mask_data, "mask").open()
+        if mask_image.size != opened.size:
+            raise BadRequest(f"the mask is {mask_image.width}x{mask_image.height} but the image is {opened.width}x"
+                             f"{opened.height}; they must be the same size")
+        mask = mask_from_alpha(mask_image)
+        if mask.getbbox() is None:
+            raise BadRequest("the mask has no fully transparent pixel: nothing would be edited")
     buffer = io.BytesIO()  # an input of the run, not a result: the mask as the table takes it
     mask.save(buffer, format="PNG")
     return image, ImageInput.from_bytes(buffer.getvalue(), "mask"), opened.size

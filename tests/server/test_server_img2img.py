@@ -216,6 +216,21 @@ def test_openai_client_edits_inside_the_transparent_area_only(server, tmp_path):
     assert (params.steps, params.seed, params.strength) == (3, 7, 1.0)  # a masked edit repaints from noise
 
 
+def test_openai_client_edits_an_images_own_transparent_area_without_a_mask(server, tmp_path):
+    url, queue = server
+    init = noise_image(seed=5)
+    holed = init.convert("RGBA")
+    holed.paste((0, 0, 0, 0), SQUARE)  # as OpenAI's edits read it: the transparent area is what to edit
+    (tmp_path / "holed.png").write_bytes(png(holed))
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="not-needed")
+    with open(tmp_path / "holed.png", "rb") as image:
+        result = client.images.edit(image=image, prompt="a blue square", size=f"{SIZE}x{SIZE}",
+                                    response_format="b64_json", extra_body={"steps": 3, "seed": 7})
+    _keeps_outside(_decoded(result.data[0].b64_json), init)
+    params = queue.recent(1)[0].params
+    assert params.mask is not None and params.strength == 1.0
+
+
 def test_openai_client_edits_a_whole_image_at_its_own_size(server, tmp_path):
     url, queue = server
     (tmp_path / "wide.png").write_bytes(png(noise_image(80, 48)))
