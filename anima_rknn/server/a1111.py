@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from ..errors import AnimaError
@@ -208,7 +209,8 @@ def routes(server: Server) -> APIRouter:
     async def generate(body: dict[str, Any], route: str):
         params = server.params(a1111_body(body, route))
         count = int(_number(body, "batch_size", 1)) * int(_number(body, "n_iter", 1))
-        jobs = await server._wait(server._submit_many(params, count))
+        # Off the event loop: checking an upload decodes it (seconds for a large one), and /progress must answer.
+        jobs = await server._wait(await run_in_threadpool(server._submit_many, params, count))
         failed = next((job for job in jobs if job.state != "completed"), None)
         if failed is not None:
             return JSONResponse({"error": failed.error or f"job {failed.state}"}, status_code=500

@@ -206,8 +206,11 @@ class JobQueue:
 
     def submit_all(self, batch: list[GenerationParams]) -> list[Job]:
         """Queue every job of a request, or none: a batch that does not fit is refused whole."""
+        checked: list[GenerationParams] = []  # a request's jobs differ in their seeds: its images are read once
         for params in batch:
-            self.pipeline.prepare(params)  # every setting checked now: a bad request is a 400, not a failed job
+            if (unseeded := dataclasses.replace(params, seed=0)) not in checked:
+                self.pipeline.prepare(params)  # every setting checked now: a bad request is a 400, not a failed job
+                checked.append(unseeded)
         jobs = [Job(secrets.token_hex(8), params, time.time()) for params in batch]
         with self._lock:
             if len(self._waiting) + len(jobs) > self.max_queue:

@@ -20,6 +20,7 @@ import json
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..sampling.samplers import SAMPLERS
@@ -50,7 +51,7 @@ def routes(server: Server) -> APIRouter:
 
     @router.post("/api/jobs")
     async def submit(request: Request):
-        job = queue.submit(server.params(await json_body(request)))
+        job = await run_in_threadpool(queue.submit, server.params(await json_body(request)))  # off the event loop
         return job.status(queue.position(job))
 
     @router.get("/api/settings")

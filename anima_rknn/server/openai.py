@@ -17,6 +17,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 
 from ..errors import AnimaError
@@ -115,7 +116,7 @@ def routes(server: Server) -> APIRouter:
     router = APIRouter()
 
     async def answer(request: Request, params, body: dict[str, Any]):
-        jobs = await server._wait(server._submit_many(params, int(_number(body, "n", 1))))
+        jobs = await server._wait(await run_in_threadpool(server._submit_many, params, int(_number(body, "n", 1))))
         failed = next((job for job in jobs if job.state != "completed"), None)
         if failed is not None:
             return error_answer(request, failed.error or f"job {failed.state}", 500)
