@@ -110,15 +110,15 @@ def _flag(body: dict[str, Any], field: str) -> bool | None:
     raise BadRequest(f"{field} must be true or false (or 0 / 1), got {json.dumps(value)[:40]}")
 
 
-def _same_or_empty(body: dict[str, Any], field: str, first: str, what: str,
+def _same_or_empty(body: dict[str, Any], field: str, first: Any, what: str,
                    parse: Callable[[Any], Any] = lambda value: value) -> None:
-    """A hires field that may only repeat the first pass's setting, by `parse` (A1111: empty or "Use same ...",
-    the same)."""
+    """A hires field that may only repeat the first pass's setting `first` (as the request resolved it), by
+    `parse` (A1111: empty or "Use same ...", the same)."""
     value = body.get(field)
     if value in (None, "") or (isinstance(value, str) and value.casefold().startswith("use same")):
         return
     try:
-        same = parse(value) == parse(body.get(first))
+        same = parse(value) == parse(first)
     except AnimaError:
         same = False
     if not same:
@@ -139,10 +139,13 @@ def _hires(body: dict[str, Any], values: dict[str, Any]) -> None:
     elif upscaler is not None and not isinstance(upscaler, str):
         raise BadRequest(f"hr_upscaler must be a name: one of {', '.join(HIRES_UPSCALERS)} or A1111's Latent, "
                          "Latent (bicubic), Latent (nearest-exact), Lanczos, None")
-    _same_or_empty(body, "hr_prompt", "prompt", "prompt")
-    _same_or_empty(body, "hr_negative_prompt", "negative_prompt", "negative prompt")
-    _same_or_empty(body, "hr_sampler_name", "sampler_name", "sampler", sampler_name)
-    _same_or_empty(body, "hr_scheduler", "scheduler", "schedule", schedule_name)
+    scheduler = values.get("scheduler")
+    if scheduler is None or (isinstance(scheduler, str) and scheduler.casefold() == "automatic"):
+        scheduler = default("scheduler")
+    _same_or_empty(body, "hr_prompt", body.get("prompt"), "prompt")
+    _same_or_empty(body, "hr_negative_prompt", body.get("negative_prompt"), "negative prompt")
+    _same_or_empty(body, "hr_sampler_name", values["sampler_name"], "sampler", sampler_name)
+    _same_or_empty(body, "hr_scheduler", scheduler, "schedule", schedule_name)
     for field in ("hr_prompt", "hr_negative_prompt", "hr_sampler_name", "hr_scheduler"):
         values.pop(field, None)
 

@@ -163,6 +163,10 @@ def _has_image(body: dict[str, Any]) -> bool:
 
 async def json_body(request: Request) -> dict[str, Any]:
     raw = await read_body(request)
+    # A large body must name an image field before it is parsed: tens of MiB of JSON without one could expand to
+    # gigabytes of Python objects. (After parsing, the field must also hold an image.)
+    if len(raw) > MAX_BODY_BYTES and not any(f'"{field}"'.encode() in raw for field in IMAGE_FIELDS):
+        raise BodyTooLarge(f"request body over {_mib(MAX_BODY_BYTES)} without an image in it")
     try:
         body = json.loads(raw or b"{}")
     except (ValueError, RecursionError):
