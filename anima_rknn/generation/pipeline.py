@@ -21,9 +21,9 @@ from ..core.cpu_speed import AUTO
 from ..core.files import cached_sha256
 from ..core.memory import available_bytes, return_freed_memory
 from ..core.tensorfile import fingerprint, read_shapes
-from ..engine import RknnOptions, make_engine, subgraph_manifest, vae_tiles
+from ..engine import RknnOptions, make_engine, subgraph_manifest
 from ..engine.vae_auto import choose_vae_backend
-from ..engine.vae_tiles import open_tile_decoder, vae_set_manifest
+from ..engine.vae_tiles import open_tile_decoder, open_tile_encoder, vae_set_manifest
 from ..errors import AnimaError
 from ..export.manifest import MANIFEST
 from ..model.io import load_dit, load_llm_adapter, read_dit_config
@@ -261,7 +261,7 @@ class AnimaPipeline:
         else:
             manifest = vae_set_manifest(plan.backend, plan.subgraphs, self.files.vae, image.width, image.height,
                                         encoder=True)
-            encoder = vae_tiles.open_tile_encoder(plan.backend, plan.subgraphs, manifest, rknn)
+            encoder = open_tile_encoder(plan.backend, plan.subgraphs, manifest, rknn)
         try:
             with torch.no_grad():
                 z = (encoder.encode(pixels) if plan.encode_tile is None
