@@ -19,12 +19,14 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
+from ..core.tensorfile import read_metadata
 from ..errors import AnimaError
 from ..generation.images import INPAINT_AREAS, MASKED_CONTENT, RESIZE_MODES
 from ..generation.params import HIRES_UPSCALERS, GenerationParams, default
@@ -281,11 +283,35 @@ def routes(server: Server) -> APIRouter:
     async def latent_upscale_modes():
         return [{"name": name} for name in LATENT_UPSCALE_MODES]
 
+    @router.get("/sdapi/v1/loras")
+    async def loras():
+        return await run_in_threadpool(lora_list, server.lora_dir)  # reads each file's header: off the event loop
+
     @router.get("/sdapi/v1/options")
     async def options():
         return {"sd_model_checkpoint": server.model_name}
 
     return router
+
+
+def lora_list(folder: Path | None) -> list[dict[str, Any]]:
+    """The LoRAs a request may name, in A1111's fields: every NAME.safetensors in the server's --lora-dir (what
+    named_lora finds), its `path` the file name alone (a client never learns the server's folders), its
+    `metadata` the file's safetensors metadata (kohya's ss_* training notes), {} where its header is unreadable:
+    such a file is listed, and refused with its reason when a request names it."""
+    if folder is None:
+        return []
+    found = []
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        if not path.is_file():
+            continue
+        try:
+            metadata = read_metadata(path, "LoRA")
+        except AnimaError:
+            metadata = {}
+        name = path.name.removesuffix(".safetensors")
+        found.append({"name": name, "alias": name, "path": path.name, "metadata": metadata})
+    return found
 
 
 def _info(server: Server, params: GenerationParams, jobs: list[Job]) -> dict[str, Any]:

@@ -244,8 +244,15 @@ class JobQueue:
             elif job is self.current:
                 job.cancel.set()
 
-    def recent(self, limit: int = 50) -> list[Job]:
-        return sorted(self._jobs.values(), key=lambda j: j.created, reverse=True)[:limit]
+    def recent(self, limit: int = 50, offset: int = 0) -> list[Job]:
+        """Jobs newest first: `limit` of them after the `offset` newest."""
+        with self._lock:
+            jobs = list(self._jobs.values())
+        return sorted(jobs, key=lambda j: j.created, reverse=True)[offset:offset + limit]
+
+    def count(self) -> int:
+        """Every job in the store, finished ones included."""
+        return len(self._jobs)
 
     def image_path(self, job: Job) -> Path:
         return self.data_dir / f"{job.id}.png"

@@ -23,10 +23,11 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from ..checks import shown
 from ..sampling.samplers import SAMPLERS
 from .compare import difference_png, measure, twin_of
 from .jobs import FINISHED
-from .requests import job_or_404, json_body
+from .requests import BadRequest, job_or_404, json_body
 
 if TYPE_CHECKING:
     from .app import Server
@@ -45,6 +46,19 @@ CHOICE_LABELS = {
 }
 
 
+DEFAULT_PAGE, MAX_PAGE = 50, 200  # GET /api/jobs: jobs per page unless ?limit= says, and at most
+
+
+def _query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
+    """A query parameter that must be a whole number from `low` to `high` (digits only: no sign, no fraction)."""
+    text = request.query_params.get(name)
+    if text is None:
+        return default
+    if not (text.isascii() and text.isdigit() and len(text) <= 19 and low <= int(text) <= high):
+        raise BadRequest(f"{name} must be a whole number from {low} to {high}, got {shown(text)}")
+    return int(text)
+
+
 def routes(server: Server) -> APIRouter:
     router = APIRouter()
     queue = server.queue
@@ -60,8 +74,12 @@ def routes(server: Server) -> APIRouter:
                 for entry in server.request_settings()]
 
     @router.get("/api/jobs")
-    async def recent():
-        return [job.status(queue.position(job)) for job in queue.recent()]
+    async def recent(request: Request):
+        # Paged, newest first; X-Total-Count is every job in the store, so a client can draw its page links.
+        limit = _query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
+        offset = _query_int(request, "offset", 0, 0, 1 << 62)
+        jobs = [job.status(queue.position(job)) for job in queue.recent(limit, offset)]
+        return JSONResponse(jobs, headers={"X-Total-Count": str(queue.count())})
 
     @router.get("/api/jobs/{job_id}")
     async def status(job_id: str):
