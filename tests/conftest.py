@@ -49,10 +49,15 @@ def real_tokenizers(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def one_thread():
-    """Tiny models gain nothing from threads, and on a busy shared CPU torch's spinning threads cost 5x."""
+    """Tiny models gain nothing from threads, and on a busy shared CPU torch's spinning threads cost 5x. A run
+    sets torch's threads to its own (--threads), so the CLI's default, auto, is one thread here too."""
+    from anima_rknn.core import threads as thread_counts
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(thread_counts, "_auto", lambda: 1)
+        yield
     torch.set_num_threads(threads)
 
 

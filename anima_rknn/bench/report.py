@@ -22,7 +22,7 @@ from typing import Any
 
 from ..core.files import json_text, write_text
 from ..generation.params import GenerationParams
-from ..generation.result import call_noun, image_to_image_record
+from ..generation.result import call_noun, dtype_ran, image_to_image_record
 from ..sampling.samplers import SAMPLERS
 from . import DEFAULT_MIN_PSNR, metrics
 from .run import BASELINE, BenchResult, PolicyRuns, SeedResult
@@ -251,8 +251,9 @@ def build_report(result: BenchResult, model_name: str, thresholds: Thresholds | 
             "model": model_name, "prompt": params.prompt, "negative": params.negative,
             "width": params.width, "height": params.height, "steps": params.steps, "cfg": params.cfg,
             "shift": params.shift, "scheduler": params.scheduler, "sampler": params.sampler, "samplers": samplers,
-            "eta": params.eta, "s_noise": params.s_noise, "dtype": params.dtype, "backend": params.backend,
-            "vae_tile": result.decode.tile, "vae_backend": result.decode.backend,
+            "eta": params.eta, "s_noise": params.s_noise, "dtype": dtype_ran(params),
+            "threads": params.threads, "backend": params.backend, "vae_tile": result.decode.tile,
+            "vae_backend": result.decode.backend,
             "steps_run": steps_run(params), "image_size": list(image_size) if image_size else None,
             "passes": [{"width": p.width, "height": p.height, "steps": p.steps, "start": p.start,
                         "steps_run": p.steps_run} for p in params.passes()],
@@ -404,7 +405,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = ["# anima-rknn bench: cached vs baseline", "",
              (f"Prompt: {s['prompt']!r}; {_run_text(s)}, {sampler}, "
               f"schedule {s['scheduler']}, CFG {s['cfg']:g}, "
-              f"shift {s['shift']:g}, {s['dtype']}, {s['backend']} backend, model {s['model']}, "
+              f"shift {s['shift']:g}, {s['dtype']}, {s['backend']} backend on {s['threads']} threads, "
+              f"model {s['model']}, "
               f"VAE {'tiled ' + str(s['vae_tile']) + ' px' if s['vae_tile'] else 'untiled'} on {s['vae_backend']}."),
              f"Prompt encoding (shared by all runs, done once): {report['encode']['encode_s']:.2f} s, "
              f"peak RSS {_mb(report['encode']['peak_rss_mb'])}. Total excl. encoding = "

@@ -23,6 +23,7 @@ import torch
 
 from ..core.cpu_speed import cached_measurement, machine_key
 from ..core.files import cache_dir, cached_sha256, exclusive_lock, replaced_folder
+from ..core.threads import session_options
 from ..errors import AnimaError
 from ..export.onnx import export_graph
 from ..export.vae import export_vae_decoder, has_encoder, load_vae_set
@@ -70,9 +71,8 @@ def measure_ratio() -> float:
 
     stack = _probe_stack()
     graph = export_graph(stack, {"x": list(_PROBE_INPUT)}, torch.float32)
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = torch.get_num_threads(), 1  # as OnnxBackend
-    session = onnxruntime.InferenceSession(graph.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(graph.SerializeToString(), session_options(onnxruntime),  # as OnnxBackend
+                                           providers=["CPUExecutionProvider"])
     x = torch.randn(_PROBE_INPUT, generator=torch.Generator().manual_seed(0))
     runs = [lambda: stack(x), lambda: session.run(["y"], {"x": x.numpy()})]  # torch, onnx
 

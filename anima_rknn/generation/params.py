@@ -20,6 +20,7 @@ import torch
 
 from ..checks import check_bool, check_choice, check_int, check_number, shown
 from ..core.cpu_speed import AUTO, resolve_dtype
+from ..core.threads import AUTO_THREADS, MAX_THREADS, resolve_threads
 from ..engine import BACKENDS
 from ..engine.backends.rknn import RknnOptions
 from ..engine.vae_tiles import VAE_BACKENDS
@@ -125,6 +126,11 @@ class GenerationParams:
         "Attention/MLP body precision (residual stream, norms and AdaLN stay fp32); auto: the fastest on this CPU, "
         "measured once (bf16 only with native bf16).", "choice", choices=(AUTO, *DTYPES),
         cli_default=AUTO))  # a script's numbers should not depend on the machine; a user wants the fast path
+    threads: int | None = _setting(None, Option(
+        "CPU threads of torch and ONNX Runtime together (the picture's last bits depend on them, so the PNG, the "
+        "record and a batch job's id name them); 0: auto, one per physical core, only the big cores of a "
+        "big.LITTLE CPU. Python API default: as torch is set when the run starts.", "int", low=AUTO_THREADS,
+        high=MAX_THREADS, cli_default=AUTO_THREADS))  # a program that sized torch's threads keeps them
     cache: str = _setting("none", Option("Step cache: none = every step computed (the exact baseline).", "choice",
                                          choices=CACHE_NAMES, request="cache"))
     cache_options: dict[str, float | str] = _setting(None, Option(
@@ -215,6 +221,7 @@ class GenerationParams:
     def __post_init__(self) -> None:
         self.seed = resolve_seed(self.seed)
         self.dtype = resolve_dtype(self.dtype)  # "auto": what this CPU runs fastest (cpu_speed); reported as chosen
+        self.threads = resolve_threads(self.threads)  # 0 (auto): this CPU's count; None: filled in by prepare()
         if isinstance(self.loras, (list, tuple)):  # from JSON (resume states, requests): paths and scales
             self.loras = lora_refs(self.loras)
         for name in IMAGE_SETTINGS:  # from JSON (resume states, records): the fingerprint alone
@@ -230,8 +237,9 @@ class GenerationParams:
             parse_prompt_weights(text)  # refuses nesting beyond its bound now, not after the models load
         for name, option in options():
             value = getattr(self, name)
-            if option.kind == "int":
-                low = 0 if name == "seed" else option.low  # a drawn seed was resolved in __post_init__
+            if option.kind == "int" and not (name == "threads" and value is None):  # None: as torch is set
+                # A drawn seed and auto threads were resolved in __post_init__.
+                low = {"seed": 0, "threads": 1}.get(name, option.low)
                 high = self.vae_tile // 2 if name == "vae_overlap" else option.high
                 check_int(LABELS.get(name, name), value, low, high)
             elif option.kind == "number" and not (value is None and default(name) is None):
@@ -399,8 +407,10 @@ SETTINGS = tuple(name for name, opt in options() if opt.picture)
 _IMAGE_TO_IMAGE = ("init_image", "strength", "resize_mode", "mask", "mask_blur", "invert_mask", "masked_content",
                    "inpaint_area", "inpaint_padding", "outpaint", "hires", "hires_scale", "hires_width",
                    "hires_height", "hires_steps", "hires_upscaler", "hires_cache")
+# A state from before the threads setting runs at this machine's auto threads (which were not recorded).
 LATER_SETTINGS = {"loras": [], "lora_ignore_unmatched": False, "scheduler": "simple", "sampler": "euler",
-                  "eta": None, "s_noise": None} | {name: default(name) for name in _IMAGE_TO_IMAGE}
+                  "eta": None, "s_noise": None, "threads": AUTO_THREADS}
+LATER_SETTINGS |= {name: default(name) for name in _IMAGE_TO_IMAGE}
 # Those added after batch job ids were first made: an id leaves them out at that value, so a batch made before
 # them is still found done.
 LATER_THAN_JOB_IDS = ("scheduler", "sampler", "eta", "s_noise", *_IMAGE_TO_IMAGE)
@@ -549,6 +559,8 @@ def settings_markdown() -> str:
             shown_default = "model's size, else 512"
         elif name == "prompt":
             shown_default = "(required)"
+        elif name == "threads":
+            shown_default = "0 (auto: the physical / big cores)"
         elif opt.kind == "number" and value is None:
             shown_default = "the sampler's (1)"
         elif isinstance(value, (dict, list)) or value is None or isinstance(value, RknnOptions):

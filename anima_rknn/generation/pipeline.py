@@ -21,6 +21,7 @@ from ..core.cpu_speed import AUTO
 from ..core.files import cached_sha256
 from ..core.memory import available_bytes, return_freed_memory
 from ..core.tensorfile import fingerprint, read_shapes
+from ..core.threads import use_threads
 from ..engine import RknnOptions, make_engine, subgraph_manifest
 from ..engine.vae_auto import choose_vae_backend
 from ..engine.vae_tiles import open_tile_decoder, open_tile_encoder, vae_set_manifest
@@ -283,8 +284,13 @@ class AnimaPipeline:
         piece), chosen from memory estimates against the free memory (what cannot fit is refused here), and the
         VAE backend.
         The LoRAs are matched to this DiT, and an exported set must have been baked with the same ones.
-        --vae-backend auto is decided here (probed, and its ONNX set exported, before any denoising)."""
+        --vae-backend auto is decided here (probed, and its ONNX set exported, before any denoising).
+        From here on this thread's torch, and the ONNX Runtime sessions the run opens, use params.threads; None
+        (the Python API's default) is filled in with torch's threads now, so the run's records name them."""
         params.validate()
+        if params.threads is None:
+            params.threads = torch.get_num_threads()
+        use_threads(params.threads)
         loras = [lora.identity() for lora in self.open_loras(params.loras, params.lora_ignore_unmatched)]
         passes = params.passes()
         for index, denoise_pass in enumerate(passes):

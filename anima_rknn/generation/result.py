@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..core.cpu_speed import AUTO
 from ..core.files import cached_sha256, png_bytes, save_png
 from ..errors import AnimaError
+from ..export.manifest import read_manifest
 from ..model.lora import lora_tag
 from ..sampling.sample import SampleResult
 from ..sampling.samplers import SAMPLERS
@@ -92,7 +92,7 @@ class GenerationResult:
             "width": params.width, "height": params.height, "steps": params.steps, "cfg": params.cfg,
             "seed": params.seed, "sampler": params.sampler, "scheduler": params.scheduler,
             "model_calls": params.model_calls(),
-            "backend": params.backend, "dtype": params.dtype, "cache": params.cache,
+            "backend": params.backend, "dtype": dtype_ran(params), "threads": params.threads, "cache": params.cache,
             "vae_backend": self.vae_backend or params.vae_backend,
             "cache_options": params.cache_options,
             "loras": [{"name": ref.name, **ref.as_json()} for ref in params.loras],
@@ -137,6 +137,19 @@ def image_to_image_record(params: GenerationParams) -> dict[str, Any]:
     return record
 
 
+SET_DTYPES = {"float32": "fp32", "float16": "fp16"}  # an exported set's dtype (its manifest's), by our names
+
+
+def dtype_ran(params: GenerationParams) -> str:
+    """The dtype the DiT's bodies ran in: --dtype on torch, the subgraph set's own on onnx (as exported), fp16 on
+    the NPU (rknn converts every set to fp16)."""
+    if params.backend == "rknn":
+        return "fp16"
+    if params.backend == "onnx":
+        return SET_DTYPES[read_manifest(params.subgraphs)["dtype"]]
+    return params.dtype
+
+
 def call_noun(model_calls: int, steps: int) -> str:
     """What a cache's computed / skipped numbers count, in words: "steps", or "model calls" for a sampler that
     calls the model more than once a step (a cache's steps are model calls)."""
@@ -154,8 +167,8 @@ def png_parameters(params: GenerationParams, model_name: str, result: Generation
     if params.s_noise is not None and params.s_noise != 1.0:
         fields.append(f"Sigma noise: {params.s_noise}")
     fields += _image_to_image_fields(params)
-    fields += [f"Shift: {params.shift}", f"Dtype: {params.dtype}", f"Backend: {params.backend}",
-               f"Cache: {params.cache}"]
+    fields += [f"Shift: {params.shift}", f"Dtype: {dtype_ran(params)}", f"Threads: {params.threads}",
+               f"Backend: {params.backend}", f"Cache: {params.cache}"]
     if params.cache_options:
         fields.append("Cache options: " + ",".join(f"{k}={v}" for k, v in params.cache_options.items()))
     if result is not None and params.cache != "none":
@@ -164,8 +177,7 @@ def png_parameters(params: GenerationParams, model_name: str, result: Generation
         if result.denoised.sample.error_estimate is not None:
             fields.append(f"Cache error estimate: {result.denoised.sample.error_estimate:.4g}")
     vae_backend = (result.vae_backend if result is not None else None) or params.vae_backend
-    if vae_backend not in ("torch", AUTO):  # auto without a result is what was asked, not what decoded
-        fields.append(f"VAE backend: {vae_backend}")
+    fields.append(f"VAE backend: {vae_backend}")  # without a result, auto is what was asked (not what decoded)
     prompt = params.prompt
     if params.loras:  # as WebUI writes them: tags in the prompt, short hashes in a field
         prompt = " ".join([prompt, *(lora_tag(ref) for ref in params.loras)])

@@ -75,7 +75,7 @@ def test_torch_where_the_probe_finds_it_faster_or_the_image_is_smaller_than_a_ti
     on_torch = run_cli(*GENERATE, "--model", model_dir, "--vae-backend", "torch", "--out", tmp_path / "torch.png")
     assert auto.code == 0 and on_torch.code == 0, auto.err
     assert json.loads(auto.out)["vae_backend"] == "torch" and EXPORTING not in auto.err
-    assert "VAE backend" not in Image.open(tmp_path / "auto.png").info["parameters"]
+    assert "VAE backend: torch" in Image.open(tmp_path / "auto.png").info["parameters"]
     np.testing.assert_array_equal(pixels(tmp_path / "auto.png"), pixels(tmp_path / "torch.png"))
     assert not (cache / "vae-onnx").exists()
 

@@ -88,8 +88,8 @@ def test_build_takes_the_models_size_the_values_given_and_lora_tags(tmp_path):
 
 def test_picture_settings_are_what_states_and_job_ids_hold():
     assert SETTINGS == ("prompt", "negative", "width", "height", "steps", "cfg", "seed", "shift", "scheduler",
-                        "sampler", "eta", "s_noise", "dtype", "cache", "cache_options", "backend", "vae_tiling",
-                        "vae_tile", "vae_overlap", "loras", "lora_ignore_unmatched", "init_image", "strength",
+                        "sampler", "eta", "s_noise", "dtype", "threads", "cache", "cache_options", "backend",
+                        "vae_tiling", "vae_tile", "vae_overlap", "loras", "lora_ignore_unmatched", "init_image", "strength",
                         "resize_mode", "mask", "mask_blur", "invert_mask", "masked_content", "inpaint_area",
                         "inpaint_padding", "outpaint", "hires", "hires_scale", "hires_width", "hires_height",
                         "hires_steps", "hires_upscaler", "hires_cache")

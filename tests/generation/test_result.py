@@ -129,7 +129,38 @@ def test_parameters_text_names_the_settings_and_the_model(result, tiny_set):
     assert result.model == tiny_set.dit.name
     assert {"Steps: 3", "Sampler: Euler", "Seed: 7", "Size: 64x64", f"Model: {tiny_set.dit.name}",
             "CFG scale: 4.0", "Cache: none"} <= set(fields(text))
-    assert "Computed steps" not in text and "VAE backend" not in text  # no cache; the torch VAE decoded
+    assert "Computed steps" not in text  # no cache
+    # What ran, always: the bodies' dtype, the threads (filled in from torch's, the API's default), both backends.
+    assert {"Dtype: fp32", f"Threads: {result.params.threads}", "Backend: torch", "VAE backend: torch"} <= set(
+        fields(text))
+    assert result.params.threads == 1 and result.summary(None)["threads"] == 1  # under one_thread
+
+
+def test_the_same_seed_at_other_threads_is_reported_with_its_threads(pipeline, result, one_thread):
+    """The reproducibility rule: a picture's bits are those of its threads (here the tiny model's agree at 1 and
+    2; the demo model's did too, benchmarks/threads.py), so the PNG and the record say which ran."""
+    two = pipeline.generate(dataclasses.replace(PARAMS, threads=2))
+    assert torch.get_num_threads() == 2  # the run set torch's threads to its own
+    assert two.summary(None)["threads"] == 2 and "Threads: 2" in fields(png_parameters(two.params, two.model, two))
+    assert result.summary(None)["threads"] == 1
+    assert two.summary(None) | {"threads": 1, "timings": None} == result.summary(None) | {"timings": None}
+
+
+@pytest.fixture(scope="module")
+def fp16_onnx_set(tiny_set, tmp_path_factory):
+    """The real exporter's fp16 subgraph set of the tiny model at 64x64."""
+    pytest.importorskip("onnxruntime")
+    from anima_rknn.export.onnx import export_subgraphs
+
+    return export_subgraphs(tiny_set.dit, 64, 64, tmp_path_factory.mktemp("fp16") / "set", "float16",
+                            progress=False).parent
+
+
+def test_the_onnx_backend_reports_its_sets_dtype_not_the_dtype_flag(pipeline, fp16_onnx_set, one_thread):
+    run = pipeline.generate(dataclasses.replace(PARAMS, backend="onnx", subgraphs=fp16_onnx_set, dtype="bf16"))
+    assert run.summary(None)["dtype"] == "fp16" and run.summary(None)["backend"] == "onnx"
+    assert {"Dtype: fp16", "Backend: onnx", "VAE backend: torch"} <= set(fields(png_parameters(
+        run.params, run.model, run)))
 
 
 def test_computed_steps_are_named_only_for_a_cached_run(pipeline, one_thread):

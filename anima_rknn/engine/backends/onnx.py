@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
+from ...core.threads import session_options
 from ...errors import AnimaError
 
 
@@ -15,7 +15,8 @@ class OnnxBackend:
     """One ONNX Runtime session per subgraph, all created up front so a bad file fails before sampling.
 
     Inputs are cast to the dtypes the manifest lists (float16 for an fp16 export); the output is returned
-    in the set's dtype. Sessions use as many intra-op threads as torch does, so both sides compare fairly.
+    in the set's dtype. Sessions use as many intra-op threads as torch does (the run's --threads), so both
+    sides compare fairly, without spinning (core/threads.py).
     """
 
     name = "onnx"
@@ -25,9 +26,7 @@ class OnnxBackend:
             import onnxruntime
         except ImportError:
             raise AnimaError("the onnx backend needs onnxruntime: pip install 'anima-rknn[onnx]'") from None
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = torch.get_num_threads()
-        options.inter_op_num_threads = 1
+        options = session_options(onnxruntime)  # torch's threads (the run's --threads), no spinning
         self._input_dtypes = [{i["name"]: np.dtype(i["dtype"]) for i in entry["inputs"]}
                               for entry in manifest["subgraphs"]]
         self._sessions = [_session(onnxruntime, Path(subgraph_dir) / entry["file"], options)
