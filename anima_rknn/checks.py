@@ -44,6 +44,12 @@ def is_number(value: object) -> bool:
         return False
 
 
+def is_whole_number(value: object) -> bool:
+    """An integer, or a finite float without a fraction (64.0: JSON has one number type, and a client that
+    computes a size may send it so); 64.9 is not one."""
+    return is_integer(value) or (is_number(value) and float(value).is_integer())
+
+
 def is_int_in(value: object, low: int, high: int) -> bool:
     return is_integer(value) and low <= value <= high
 

@@ -7,8 +7,19 @@
 - page.py: the web page, GET /
 
 This module holds what they share: the `Server` (queue, model name, credentials, limits, LoRA folder, engine
-settings; a request's GenerationParams), and the app that puts credentials, body size and error answers in front
-of every family. requests.py has the request helpers they all use; a family imports no other family.
+settings; a request's GenerationParams), and the app that puts the Host and Origin checks, credentials, body size
+and error answers in front of every family. requests.py has the request helpers they all use; a family imports no
+other family.
+
+A server on a person's own machine is reachable from every web page they open, so before anything else:
+- the Host header must be one of this server's names (loopback, the bound address, `serve --allowed-hosts`):
+  a page of another site whose name was re-pointed at 127.0.0.1 (DNS rebinding) sends its own name, and is
+  refused with a 400. Bound to every address (0.0.0.0, ::), any IP address is taken too: the machine's own
+  change with its networks and cannot be listed, and a rebound page never sends an address, only its name.
+- a write (any method but GET, HEAD, OPTIONS) whose Origin (or, without one, Referer) is another site's is
+  refused with a 403, with or without credentials: a browser attaches HTTP basic credentials it has cached to a
+  cross-site form post. Clients that send neither header (webuiapi, openai, curl) are not browsers and pass.
+  The server sends no CORS headers, so a page of another site can never read an answer, nor send a JSON body.
 
 Every API only translates a request into GenerationParams and a job, and a job into its answer: the checks,
 the queue and the pictures are the layer below. A bad request is a 4xx with a one-line message, never a 500 or a
@@ -23,15 +34,22 @@ import asyncio
 import base64
 import dataclasses
 import hmac
-from collections.abc import Awaitable, Callable
+import ipaddress
+import logging
+import re
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from PIL import Image
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
+from ..checks import shown
 from ..errors import AnimaError
 from ..generation.images import IMAGE_FORMATS, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
 from ..generation.params import REQUEST_FIELDS, GenerationParams, build, default, option
@@ -44,6 +62,7 @@ from .requests import (
     BadRequest,
     BodyTooLarge,
     JobNotFound,
+    WrongContentType,
     _number,
     body_limit,
     error_answer,
@@ -53,6 +72,30 @@ from .requests import (
 
 PUBLIC_PATHS = ("/",)  # the page itself; everything it calls needs the credentials
 MAX_IMAGES = 8  # batch_size * n_iter, n
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")  # what a Host header may always name
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")  # the methods that change nothing: any site's page may send them
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+# A Host header: a name or an address, an IPv6 one in brackets, then an optional port; nothing else (no userinfo).
+_HOST = re.compile(r"(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(?::([0-9]{1,5}))?", re.IGNORECASE)
+log = logging.getLogger(__name__)
+
+
+def host_name(name: str) -> str:
+    """A host name as compared: lowercased, without IPv6 brackets or a trailing dot."""
+    return name.strip().lower().removeprefix("[").removesuffix("]").rstrip(".")
+
+
+def _host_and_port(header: str) -> tuple[str, int | None] | None:
+    """A Host header's name and port (None: no port), or None for a malformed one."""
+    match = _HOST.fullmatch(header)
+    return (host_name(match[1]), int(match[2]) if match[2] else None) if match else None
+
+
+def _address(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(name)
+    except ValueError:
+        return None
 
 
 def _kind_details(kind: str) -> dict[str, Any]:
@@ -74,8 +117,16 @@ class Server:
 
     def __init__(self, queue: JobQueue, *, default_cache: str = "none", max_side: int = 1024, max_steps: int = 150,
                  model_name: str = "anima", engine: dict[str, Any] | None = None, api_key: str | None = None,
-                 api_auth: str | None = None, lora_dir: Path | None = None, native_size: int | None = None) -> None:
+                 api_auth: str | None = None, lora_dir: Path | None = None, native_size: int | None = None,
+                 bind_host: str = "127.0.0.1", allowed_hosts: Iterable[str] = ()) -> None:
         self.queue, self.default_cache = queue, default_cache
+        # The names a Host header may give (the module's docstring says why): loopback, the bound address and the
+        # --allowed-hosts names, which an Origin may name too (a reverse proxy's public name); "*" takes any Host.
+        self.named_hosts = {host_name(name) for name in allowed_hosts} - {"*"}
+        self.any_host = "*" in allowed_hosts
+        self.hosts = {*LOOPBACK_NAMES, host_name(bind_host), *self.named_hosts}
+        bound = _address(host_name(bind_host))
+        self.any_address = bound is not None and bound.is_unspecified
         # What an Authorization header must be, exactly: a Bearer token (OpenAI clients) or HTTP basic (WebUI's).
         self.credentials = [f"Bearer {api_key}"] if api_key else []
         if api_auth:
@@ -178,6 +229,39 @@ class Server:
 
     # ---- the app ------------------------------------------------------------------------------------------
 
+    def _refused_host(self, request: Request) -> str | None:
+        """Why the request's Host header is not one of this server's names (None: it is)."""
+        header = request.headers.get("host", "")
+        parsed = _host_and_port(header)
+        if parsed is None:
+            return f"malformed Host header {shown(header)}" if header else "a Host header is required"
+        name = parsed[0]
+        if self.any_host or name in self.hosts or (self.any_address and _address(name) is not None):
+            return None
+        return (f"refused Host {shown(header)}: not a name of this server (a guard against DNS rebinding); "
+                "serve --allowed-hosts NAME adds one")
+
+    def _foreign_origin(self, request: Request) -> str | None:
+        """The Origin (without one, the Referer) of a write sent by another site's page; None for a safe method,
+        this server's own page, or a client that sends neither (not a browser)."""
+        if request.method in SAFE_METHODS:
+            return None
+        source = request.headers.get("origin") or request.headers.get("referer")
+        if not source:
+            return None
+        host, port = _host_and_port(request.headers["host"])  # checked by _refused_host
+        try:
+            parts = urlsplit(source)
+            scheme_port = _DEFAULT_PORTS.get(parts.scheme)
+            name, given_port = host_name(parts.hostname or ""), parts.port
+        except ValueError:  # a port that is not one
+            return source
+        if scheme_port is None or not name:  # "null" (a sandboxed frame, a file), or no web origin at all
+            return source
+        # The scheme may differ (a TLS proxy in front); the name and port are the page's own.
+        same = (name, given_port or scheme_port) == (host, port or scheme_port)
+        return None if same or name in self.named_hosts else source
+
     def app(self) -> FastAPI:
         """The app: what every request meets (credentials, body size, errors as one-line JSON), then each
         family's routes."""
@@ -185,6 +269,12 @@ class Server:
 
         @app.middleware("http")
         async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+            if (refused := self._refused_host(request)) is not None:
+                return error_answer(request, refused, 400)
+            if (origin := self._foreign_origin(request)) is not None:
+                return error_answer(request, f"refused a {request.method} from another site's page (Origin "
+                                             f"{shown(origin)}): this server takes writes from its own page and "
+                                             "from clients that are not browsers", 403)
             given = request.headers.get("authorization", "")
             if self.credentials and request.url.path not in PUBLIC_PATHS and not any(
                     hmac.compare_digest(given.encode(), expected.encode()) for expected in self.credentials):
@@ -219,6 +309,28 @@ class Server:
         @app.exception_handler(NotReady)
         async def not_ready(request: Request, e: NotReady) -> JSONResponse:
             return error_answer(request, str(e), 409)
+
+        @app.exception_handler(WrongContentType)
+        async def wrong_content_type(request: Request, e: WrongContentType) -> JSONResponse:
+            return error_answer(request, str(e), 415)
+
+        # A route that does not exist, a method it does not take: one line too (under /v1/, OpenAI's shape).
+        @app.exception_handler(HTTPException)
+        async def http_error(request: Request, e: HTTPException) -> Response:
+            return error_answer(request, str(e.detail), e.status_code, headers=e.headers)
+
+        # A client gone before its body was read whole: nobody is left to answer, one line in the log says so
+        # (not the traceback of every layer the exception crossed).
+        @app.exception_handler(ClientDisconnect)
+        async def client_gone(request: Request, e: ClientDisconnect) -> Response:
+            log.warning("%s %s: the client disconnected before its request body was read", request.method,
+                        request.url.path)
+            return Response(status_code=400)
+
+        # A bug: the traceback goes to the log (Starlette logs it after this answer), the client gets one line.
+        @app.exception_handler(Exception)
+        async def server_error(request: Request, e: Exception) -> JSONResponse:
+            return error_answer(request, "internal server error (the server's log has the details)", 500)
 
         for family in (a1111, openai, native, page):
             app.include_router(family.routes(self))

@@ -1,7 +1,9 @@
 """OpenAI's image API, /v1/models, /v1/images/generations and /v1/images/edits: what the `openai` client calls.
 
-Images come back as b64_json only: the server keeps no public URLs. Errors come in OpenAI's shape, {"error":
-{"message": "one line", "type": ...}}, whose message the openai client shows.
+Images come back as b64_json only: the server keeps no public URLs. Every error under /v1/ comes in OpenAI's
+shape, {"error": {"message": "one line", "type", "param", "code"}} (requests.error_answer; the app's handlers
+route a refused Host, Origin, credential, body, a missing route and a bug through it), whose message the openai
+client shows. A generation without `size` (or with `auto`) is the model's own size, as generate's default.
 
 An edit is a multipart upload, as OpenAI's: `image` (or one `image[]`), an optional `mask` of the image's size
 whose fully transparent pixels are repainted (OpenAI's convention; inpainting at denoising_strength 1 unless
@@ -20,10 +22,11 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 
+from ..checks import shown
 from ..errors import AnimaError
 from ..generation.images import MAX_IMAGE_BYTES, ImageInput, mask_from_alpha
 from ..generation.params import REQUEST_FIELDS, option
-from .requests import BadRequest, _number, _text, error_answer, form_body, json_body
+from .requests import BadRequest, _text, _whole, error_answer, form_body, json_body
 
 if TYPE_CHECKING:
     from .app import Server
@@ -116,21 +119,30 @@ def routes(server: Server) -> APIRouter:
     router = APIRouter()
 
     async def answer(request: Request, params, body: dict[str, Any]):
-        jobs = await server._wait(await run_in_threadpool(server._submit_many, params, int(_number(body, "n", 1))))
+        jobs = await server._wait(await run_in_threadpool(server._submit_many, params, _whole(body, "n", 1)))
         failed = next((job for job in jobs if job.state != "completed"), None)
         if failed is not None:
             return error_answer(request, failed.error or f"job {failed.state}", 500)
         return {"created": int(jobs[0].created), "data": [{"b64_json": server._png_b64(job),
                                                           "revised_prompt": job.params.prompt} for job in jobs]}
 
+    model = {"id": server.model_name, "object": "model", "owned_by": "anima-rknn"}
+
     @router.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": server.model_name, "object": "model", "owned_by": "anima-rknn"}]}
+        return {"object": "list", "data": [model]}
+
+    @router.get("/v1/models/{name}")
+    async def one_model(request: Request, name: str):
+        if name != server.model_name:
+            return error_answer(request, f"no model {shown(name)}; this server has {server.model_name!r}", 404)
+        return model
 
     @router.post("/v1/images/generations")
     async def images(request: Request):
         body = await json_body(request)
-        width, height = _size(_text(body, "size", f"{server.native_size}x{server.native_size}"))  # as generate
+        given = _text(body, "size", "auto")
+        width, height = (server.native_size,) * 2 if given == "auto" else _size(given)  # as generate
         _check_format(body)
         for field in ("init_image", "mask", "outpaint"):  # an image is an edit's
             body.pop(field, None)

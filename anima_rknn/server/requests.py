@@ -6,7 +6,9 @@ Its own module so that app.py and each API family share it without importing one
 Bodies are bounded by route: MAX_BODY_BYTES for every request, MAX_IMAGE_BODY_BYTES for the routes that carry
 images (IMAGE_ROUTES), where a body over MAX_BODY_BYTES must hold an image. A declared Content-Length over the
 limit is refused before a byte is read (app.py's guard); a body sent without one (chunked) is counted as it
-arrives and refused the moment it passes the limit, never parsed.
+arrives and refused the moment it passes the limit, never parsed. A body is read only by json_body and
+form_body, which first require its Content-Type (application/json, multipart/form-data): a browser page of
+another site can send a "simple" text/plain POST without asking the server first, never a JSON one.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import FormData
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from ..checks import is_integer, is_number
+from ..checks import is_integer, is_number, is_whole_number, shown
 from ..errors import AnimaError
 from ..generation.images import ImageInput
 from ..generation.params import MAX_SIDE, REQUEST_FIELDS, option
@@ -51,6 +53,10 @@ class JobNotFound(Exception):
     pass
 
 
+class WrongContentType(Exception):
+    """A 415: the body is not of the media type its route reads."""
+
+
 def _mib(limit: int) -> str:
     return f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit} bytes"
 
@@ -75,8 +81,21 @@ def _number(body: dict[str, Any], key: str, default: Any) -> Any:
     return value
 
 
+def _whole(body: dict[str, Any], key: str, default: Any) -> Any:
+    """A field that counts something (pixels, steps, images): a whole number, never truncated (64.9 is refused,
+    64.0 is 64)."""
+    value = _number(body, key, default)
+    if value is default:
+        return value
+    if not is_whole_number(value):
+        raise BadRequest(f"{key} must be a whole number, got {shown(value)}")
+    return int(value)
+
+
 def _text(body: dict[str, Any], key: str, default: str) -> str:
-    value = body.get(key, default)
+    value = body.get(key)
+    if value is None:
+        return default
     if not isinstance(value, str):
         raise BadRequest(f"{key} must be a string")
     return value
@@ -122,9 +141,10 @@ def request_values(body: dict[str, Any]) -> dict[str, Any]:
         if body.get(field) is None:
             continue
         setting = option(name)
-        if setting.kind in ("int", "number"):
-            number = _number(body, field, None)
-            values[name] = int(number) if setting.kind == "int" else float(number)
+        if setting.kind == "int":
+            values[name] = _whole(body, field, None)
+        elif setting.kind == "number":
+            values[name] = float(_number(body, field, None))
         elif setting.kind in ("text", "choice"):
             values[name] = _text(body, field, "")
             if setting.kind == "choice" and setting.parse is None and values[name] not in setting.choices:
@@ -153,8 +173,21 @@ async def _bounded(request: Request) -> AsyncIterator[bytes]:
         yield chunk
 
 
-async def read_body(request: Request) -> bytes:
-    return b"".join([chunk async for chunk in _bounded(request)])
+async def read_body(request: Request) -> bytearray:
+    # Grown in place: the chunks are not held beside their join (a body costs its size once), and a large body
+    # is one mapping, given back whole when freed (a refused one's many small chunks stayed in the heap).
+    body = bytearray()
+    async for chunk in _bounded(request):
+        body += chunk
+    return body
+
+
+def require_content_type(request: Request, media_type: str, sent_as: str) -> None:
+    """Refuse (415) a body that is not `media_type`, before a byte of it is read."""
+    given = request.headers.get("content-type", "")
+    if given.split(";", 1)[0].strip().lower() != media_type:
+        got = shown(given) if given else "no Content-Type"
+        raise WrongContentType(f"send this request as {media_type} ({sent_as}), got {got}")
 
 
 def _has_image(body: dict[str, Any]) -> bool:
@@ -162,6 +195,7 @@ def _has_image(body: dict[str, Any]) -> bool:
 
 
 async def json_body(request: Request) -> dict[str, Any]:
+    require_content_type(request, "application/json", "a JSON object")
     raw = await read_body(request)
     # A large body must name an image field before it is parsed: tens of MiB of JSON without one could expand to
     # gigabytes of Python objects. (After parsing, the field must also hold an image.)
@@ -185,9 +219,7 @@ async def form_body(request: Request, *, max_files: int = 4, max_fields: int = 6
 
     if formparsers.multipart is None:
         raise BadRequest("this server cannot read uploads: install python-multipart (pip install python-multipart)")
-    kind = request.headers.get("content-type", "")
-    if not kind.lower().startswith("multipart/form-data"):
-        raise BadRequest(f"send this request as multipart/form-data, got {kind[:60] or 'no Content-Type'}")
+    require_content_type(request, "multipart/form-data", "the image as a file part")
     try:
         return await MultiPartParser(request.headers, _bounded(request), max_files=max_files,
                                      max_fields=max_fields).parse()
