@@ -1,0 +1,178 @@
+"""`anima-rknn serve` at its start: credentials from the environment or an owner-only file (never only the
+command line, which `ps` shows), the port and the data dir taken before any model loads, each refusal one line
+and exit 1. The refusals run in this process (they come before the model); one real server on the demo model
+shows them against real processes."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+openai = pytest.importorskip("openai")
+webuiapi = pytest.importorskip("webuiapi")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _secret_file(path: Path, text: str, mode: int = 0o600) -> Path:
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def _refused(result, pattern: str) -> None:
+    assert result.code == 1, result
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and pattern in lines[0], result.err
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["--api-key-file", "{group_readable}"], "--api-key-file {group_readable} is open to other users (mode 640): "
+                                             "chmod 600 it"),
+    (["--api-auth-file", "{world_readable}"], "is open to other users (mode 604)"),
+    (["--api-key", "k", "--api-key-file", "{key}"], "give --api-key or --api-key-file, not both"),
+    (["--api-key-file", "{two_lines}"], "must hold one line, the secret"),
+    (["--api-key-file", "{empty}"], "must hold one line, the secret"),
+    (["--api-key-file", "{missing}"], "No such file or directory"),
+    (["--api-key", ""], "--api-key must not be empty"),
+    (["--api-auth-file", "{key}"], "--api-auth must be USER:PASS"),
+    (["--allowed-hosts", "board.local:7860"], "--allowed-hosts takes host names or addresses without a port"),
+])
+def test_bad_credentials_and_hosts_are_refused_before_anything_starts(run_cli, tmp_path, args, pattern):
+    files = {"group_readable": _secret_file(tmp_path / "g", "k\n", 0o640),
+             "world_readable": _secret_file(tmp_path / "w", "ann:pw\n", 0o604),
+             "key": _secret_file(tmp_path / "key", "k\n"), "two_lines": _secret_file(tmp_path / "two", "a\nb\n"),
+             "empty": _secret_file(tmp_path / "empty", ""), "missing": tmp_path / "missing"}
+    data = tmp_path / "data"
+    result = run_cli("serve", "--port", _free_port(), "--data-dir", data, *(a.format(**files) for a in args))
+    _refused(result, pattern.format(**files))
+    assert not data.exists()  # refused before the data dir is made
+
+
+def test_a_busy_port_is_one_line_before_any_model_loads(run_cli, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("serve", "--port", port, "--data-dir", tmp_path / "data", "--model", tmp_path / "absent")
+    # The model folder does not exist: the port was checked first.
+    _refused(result, f"cannot listen on 127.0.0.1:{port}: Address already in use (another server is using it")
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_data_dir_another_server_holds_is_refused_and_the_port_let_go(run_cli, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    port = _free_port()
+    fd = os.open(data, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as a running server holds it
+        result = run_cli("serve", "--port", port, "--data-dir", data, "--model", tmp_path / "absent")
+    finally:
+        os.close(fd)
+    _refused(result, f"another anima-rknn serve is using the data dir {data}: stop it, or give this one its own")
+    assert not any(data.iterdir())  # the job store was never opened
+    with socket.socket() as again:
+        again.bind(("127.0.0.1", port))  # the refused server let its port go
+
+
+# ---- one real server ----------------------------------------------------------------------------------------
+
+def _serve(*args: str | Path, env: dict[str, str] | None = None, log=subprocess.PIPE) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "anima_rknn", "serve", "--vae-backend", "torch", "--dtype", "fp32",
+                             *map(str, args)], stderr=log, stdout=subprocess.DEVNULL, text=True,
+                            env={**os.environ, **(env or {})})
+
+
+def _get(url: str, headers: dict[str, str]) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:  # not listening yet (URLError is one)
+        return 0
+
+
+def _accepts(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
+
+
+def test_a_real_server_takes_its_secrets_privately_and_holds_its_port_and_data_dir(tmp_path):
+    key, user, password = "key-from-env-3f9", "ann", "pw-from-file-7c1"
+    auth_file = _secret_file(tmp_path / "auth", f"{user}:{password}\n")
+    port, data = _free_port(), tmp_path / "data"
+    base = f"http://127.0.0.1:{port}"
+    with open(tmp_path / "log.txt", "w") as log:
+        first = _serve("--port", port, "--data-dir", data, "--api-auth-file", auth_file,
+                       env={"ANIMA_API_KEY": key}, log=log)
+        try:
+            deadline = time.monotonic() + 300
+            while not _accepts(port):  # the port and the data dir are taken first, before the model loads
+                assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()
+                time.sleep(0.1)
+            # A second server on its data dir, a third on its port, while it loads: refused in one line each.
+            second = _serve("--port", _free_port(), "--data-dir", data)
+            third = _serve("--port", port, "--data-dir", tmp_path / "other")
+            while _get(f"{base}/v1/models", {"Authorization": f"Bearer {key}"}) != 200:
+                assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()
+                time.sleep(0.2)
+            # Neither secret is on the command line that every local user can read.
+            command_line = Path(f"/proc/{first.pid}/cmdline").read_bytes()
+            assert key.encode() not in command_line and password.encode() not in command_line
+            assert _get(f"{base}/v1/models", {}) == 401
+            # Both credentials work through the real clients: the key from the environment, USER:PASS from the file.
+            # Without a size, OpenAI's request is the demo model's own 64 px.
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
+            result = client.images.generate(prompt="a red circle", extra_body={"steps": 1})
+            assert Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).size == (64, 64)
+            api = webuiapi.WebUIApi(host="127.0.0.1", port=port)
+            api.set_auth(user, password)
+            assert [model["model_name"] for model in api.get_sd_models()] == ["anima-demo"]
+            # A chunked body past the limit leaves no memory behind (it used to keep what was read of it).
+            before = _rss(first.pid)
+            with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+                s.sendall(f"POST /api/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n"
+                          "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+                for _ in range(56):
+                    s.sendall(b"100000\r\n" + b"a" * (1 << 20) + b"\r\n")
+                assert s.recv(4096).startswith(b"HTTP/1.1 413")
+            assert _rss(first.pid) - before < 16 << 20, (_rss(first.pid) - before) >> 20
+            for process, pattern in ((second, f"error: another anima-rknn serve is using the data dir {data}"),
+                                     (third, f"error: cannot listen on 127.0.0.1:{port}: Address already in use")):
+                _, err = process.communicate(timeout=300)
+                assert process.returncode == 1 and err.strip().splitlines() == [err.strip()], err
+                assert err.startswith(pattern), err
+            assert not (tmp_path / "other").exists()
+            assert json.loads(urllib.request.urlopen(urllib.request.Request(
+                f"{base}/api/jobs", headers={"Authorization": f"Bearer {key}"}), timeout=30).read())[0]["state"] \
+                == "completed"  # the first server's job, untouched by the second
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                first.terminate()
+            first.wait(timeout=60)
