@@ -17,6 +17,7 @@ init images, an upscaler model, another prompt or sampler for the hires pass.
 from __future__ import annotations
 
 import base64
+import io
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -25,11 +26,13 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from PIL import Image
 
+from ..checks import is_whole_number
 from ..core.tensorfile import read_metadata
 from ..errors import AnimaError
 from ..generation.images import INPAINT_AREAS, MASKED_CONTENT, RESIZE_MODES
-from ..generation.params import HIRES_UPSCALERS, GenerationParams, default
+from ..generation.params import HIRES_UPSCALERS, REQUEST_FIELDS, GenerationParams, default
 from ..sampling.samplers import SAMPLERS, call_sigmas, sampler_name
 from ..sampling.schedule import (
     A1111_SCHEDULES,
@@ -38,8 +41,8 @@ from ..sampling.schedule import (
     flow_sigmas,
     schedule_name,
 )
-from .jobs import Job
-from .requests import BadRequest, _number, json_body
+from .jobs import ImageGone, Job, StoreError
+from .requests import BadRequest, _number, error_answer, json_body
 
 if TYPE_CHECKING:
     from .app import Server
@@ -83,6 +86,76 @@ IMAGE_REQUEST_FIELDS = ("init_image", "mask", "outpaint")  # the table's own; A1
 # A1111's upscalers this server has: "None" resizes the picture with Lanczos in WebUI (images.resize_image).
 UPSCALER_LABELS = {"None": "lanczos", "Lanczos": "lanczos"}
 LATENT_UPSCALE_MODES = ("Latent", "Latent (bicubic)", "Latent (nearest-exact)")
+# A1111's fields read here beside the settings table's (REQUEST_FIELDS) and the hires and mask fields.
+A1111_FIELDS = ("batch_size", "n_iter", "init_images", "sampler_index", "override_settings")
+IGNORED_HEADER = "X-Ignored-Fields"  # the answer's list of the request's fields this server did not use
+
+
+def _off(value: Any) -> bool:
+    """WebUI's "no effect" for a flag, a number, a list or an object: false, 0, empty."""
+    return value in (False, 0, "", [], {})
+
+
+def _no_script(value: Any) -> bool:
+    """alwayson_scripts holding only switched-off scripts, as webuiapi sends them when it found the extension
+    ({"ControlNet": {"args": []}}, {"ADetailer": {"args": [False]}})."""
+    return isinstance(value, dict) and all(isinstance(entry, dict) and entry.get("args") in ([], [False], None)
+                                           for entry in value.values())
+
+
+# WebUI fields this server does not implement, each with the test of WebUI's no-effect value. webuiapi sends every
+# one of them on every call at that value, so a request holding it is taken (and the field is listed in the
+# answer's info "ignored_fields" and the X-Ignored-Fields header); a value that asks for the effect is refused with
+# a 400 naming the field: a picture made without what was asked, with HTTP 200, would be a silent lie.
+UNIMPLEMENTED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "restore_faces": (_off, "face restoration"),
+    "tiling": (_off, "seamless tiling"),
+    "subseed_strength": (_off, "variation seeds"),
+    "seed_resize_from_h": (lambda v: v in (0, -1), "seed resize"),
+    "seed_resize_from_w": (lambda v: v in (0, -1), "seed resize"),
+    "styles": (_off, "saved prompt styles"),
+    "script_name": (lambda v: v in ("", None) or (isinstance(v, str) and v.casefold() == "none"), "scripts"),
+    "alwayson_scripts": (_no_script, "extension scripts"),
+    "s_churn": (_off, "churn (s_churn)"),
+    "initial_noise_multiplier": (lambda v: v == 1, "an initial noise multiplier"),
+    "refiner_checkpoint": (lambda v: v in ("", None) or (isinstance(v, str) and v.casefold() == "none"),
+                           "a refiner model"),
+    "disable_extra_networks": (_off, "prompts with extra-network tags left as text"),
+}
+# Every other field WebUI has changes nothing in the picture here: how WebUI files or returns its outputs
+# (do_not_save_samples, save_images, send_images, include_init_images...), what only applies with a field above
+# (subseed without subseed_strength, s_tmin / s_tmax without s_churn, script_args without a script), or to a kind
+# of model this server does not run (image_cfg_scale: instruct-pix2pix). Taken whatever they hold, and listed as
+# ignored, as is a field no WebUI has (a misspelt one shows up there).
+# What override_settings may hold: clip skip at WebUI's 1 (the last layer: the only text encoder output here) and
+# this server's own model; any other key is a UI preference that changes nothing here.
+CLIP_SKIP = "CLIP_stop_at_last_layers"
+
+
+def unimplemented_fields(server: Server, body: dict[str, Any]) -> list[str]:
+    """The request's fields this server does not implement that it holds at WebUI's no-effect value (the rule
+    above UNIMPLEMENTED), in the body's order; one that asks for an effect is refused, naming it."""
+    for field, (no_effect, what) in UNIMPLEMENTED.items():
+        if body.get(field) is not None and not no_effect(body[field]):
+            raise BadRequest(f"{field} {json.dumps(body[field])[:40]}: {what} is not supported by this server; "
+                             f"leave {field} out (or at WebUI's default)")
+    overrides = body.get("override_settings")
+    if overrides is not None and not isinstance(overrides, dict):
+        raise BadRequest("override_settings must be an object")
+    overrides = overrides or {}
+    if overrides.get(CLIP_SKIP) not in (None, 1):
+        raise BadRequest(f"override_settings {CLIP_SKIP} {json.dumps(overrides[CLIP_SKIP])[:40]}: clip skip is "
+                         "not supported by this server (its text encoder has one output); leave it out or at 1")
+    for field in ("sd_model_checkpoint", "hr_checkpoint_name"):
+        asked = overrides.get(field) if field == "sd_model_checkpoint" else body.get(field)
+        if asked not in (None, "", server.model_name) and not (isinstance(asked, str) and asked.casefold() in (
+                "none", "use same checkpoint")):
+            raise BadRequest(f"{field} {json.dumps(asked)[:40]}: this server runs one model, {server.model_name}")
+    read = {*REQUEST_FIELDS, *A1111_FIELDS, *HIRES_FIELDS, *MASK_FIELDS}
+    if body.get("sampler_name"):  # sampler_name wins, as in WebUI
+        read.discard("sampler_index")
+    ignored = [field for field, value in body.items() if value is not None and field not in read]
+    return ignored + [f"override_settings.{key}" for key in overrides if key != "sd_model_checkpoint"]
 
 
 def _choice(body: dict[str, Any], field: str, numbers: dict[int, str],
@@ -211,27 +284,38 @@ def routes(server: Server) -> APIRouter:
     router = APIRouter()
     queue = server.queue
 
-    async def generate(body: dict[str, Any], route: str):
+    async def generate(request: Request, route: str):
+        body = await json_body(request)
+        ignored = unimplemented_fields(server, body)
         params = server.params(a1111_body(body, route))
-        count = int(_number(body, "batch_size", 1)) * int(_number(body, "n_iter", 1))
+        count = _images_asked(body)
         # Off the event loop: checking an upload decodes it (seconds for a large one), and /progress must answer.
-        jobs = await server._wait(await run_in_threadpool(server._submit_many, params, count))
+        try:
+            jobs = await run_in_threadpool(server._submit_many, params, count)
+        except StoreError as e:  # a full disk: nothing was queued
+            return error_answer(request, str(e), e.status)
+        jobs = await server._wait(jobs)
         failed = next((job for job in jobs if job.state != "completed"), None)
         if failed is not None:
             return JSONResponse({"error": failed.error or f"job {failed.state}"}, status_code=500
                                 if failed.state == "failed" else 409)
+        try:
+            pngs = [queue.read_image(job) for job in jobs]
+        except ImageGone as e:  # removed from the data folder between the job's end and now
+            return error_answer(request, str(e), 410)
         if route == "img2img":  # as WebUI answers without include_init_images: the parameters without the images
             body = body | {"init_images": None, "mask": None}
-        return {"images": [server._png_b64(job) for job in jobs], "parameters": body,
-                "info": json.dumps(_info(server, params, jobs))}
+        info = _info(server, params, jobs, pngs) | {"ignored_fields": ignored}
+        return JSONResponse({"images": [base64.b64encode(png).decode() for png in pngs], "parameters": body,
+                             "info": json.dumps(info)}, headers={IGNORED_HEADER: ", ".join(ignored)})
 
     @router.post("/sdapi/v1/txt2img")
     async def txt2img(request: Request):
-        return await generate(await json_body(request), "txt2img")
+        return await generate(request, "txt2img")
 
     @router.post("/sdapi/v1/img2img")
     async def img2img(request: Request):
-        return await generate(await json_body(request), "img2img")
+        return await generate(request, "img2img")
 
     @router.get("/sdapi/v1/progress")
     async def progress():
@@ -314,7 +398,29 @@ def lora_list(folder: Path | None) -> list[dict[str, Any]]:
     return found
 
 
-def _info(server: Server, params: GenerationParams, jobs: list[Job]) -> dict[str, Any]:
+def _images_asked(body: dict[str, Any]) -> int:
+    """batch_size x n_iter: each a whole number from 1 (never truncated). Their product is bounded where every
+    API's is (Server._submit_many: at most MAX_IMAGES, a 400; more than the queue has room for now, a 429)."""
+    counts = []
+    for field in ("batch_size", "n_iter"):
+        value = body.get(field, 1)
+        if value is None:
+            value = 1
+        if not is_whole_number(value) or value < 1:
+            raise BadRequest(f"{field} must be a whole number from 1, got {json.dumps(value)[:40]}")
+        counts.append(int(value))
+    return counts[0] * counts[1]
+
+
+def _infotext(png: bytes) -> str:
+    """The `parameters` text of a job's PNG (the publisher wrote it), which alone knows what ran (computed steps,
+    the VAE backend auto chose, the error estimate)."""
+    with Image.open(io.BytesIO(png)) as image:
+        text = image.info.get("parameters")
+    return text if isinstance(text, str) else ""
+
+
+def _info(server: Server, params: GenerationParams, jobs: list[Job], pngs: list[bytes]) -> dict[str, Any]:
     """The answer's `info`, in WebUI's keys (webuiapi reads it as the result's info)."""
     seeds = [job.params.seed for job in jobs]
     used = params.init_image is not None or params.hires
@@ -322,5 +428,5 @@ def _info(server: Server, params: GenerationParams, jobs: list[Job]) -> dict[str
             "width": params.width, "height": params.height, "steps": params.steps, "cfg_scale": params.cfg,
             "sampler_name": SAMPLERS[params.sampler].label, "scheduler": params.scheduler,
             "denoising_strength": params.strength if used else None,
-            "infotexts": [server._infotext(job) for job in jobs], "sd_model_name": server.model_name,
+            "infotexts": [_infotext(png) for png in pngs], "sd_model_name": server.model_name,
             "cache": params.cache}

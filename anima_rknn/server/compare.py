@@ -13,9 +13,10 @@ from typing import Any
 from PIL import Image
 
 from ..bench.metrics import difference_map, psnr, ssim
+from ..checks import is_number
 from ..errors import AnimaError
 from ..generation.params import GenerationParams, settings_of, uncached
-from .jobs import Job, JobQueue
+from .jobs import ImageGone, Job, JobQueue
 
 GIVEN_UP = ("failed", "cancelled")
 DIFFERENCE_COLOURS = "inferno"  # black where equal, through red to pale yellow at the largest difference
@@ -60,10 +61,10 @@ def _check(job: Job, twin: Job) -> bool:
 
 def _image(queue: JobQueue, job: Job) -> Image.Image:
     try:
-        with Image.open(queue.image_path(job)) as image:
+        with Image.open(io.BytesIO(queue.read_image(job))) as image:
             return image.convert("RGB")
-    except OSError as e:
-        raise NotReady(f"the image of job {job.id} cannot be read: {e.strerror or e}") from None
+    except (ImageGone, OSError) as e:  # gone, or not a picture PIL can read
+        raise NotReady(f"the image of job {job.id} cannot be read: {e}") from None
 
 
 def measure(queue: JobQueue, job: Job, twin: Job) -> dict[str, Any] | None:
@@ -73,13 +74,27 @@ def measure(queue: JobQueue, job: Job, twin: Job) -> dict[str, Any] | None:
         return None
     cached, baseline = _image(queue, job), _image(queue, twin)
     decibels = psnr(baseline, cached)
-    cached_s, baseline_s = job.summary["timings"]["denoise_s"], twin.summary["timings"]["denoise_s"]
+    cached_s, baseline_s = _denoise_s(job), _denoise_s(twin)
     return {"psnr_db": decibels if math.isfinite(decibels) else None, "ssim": ssim(baseline, cached),
             "difference_max": float(difference_map(baseline, cached).max()),
             "speedup": baseline_s / cached_s if cached_s > 0 else None,
             "denoise_s": {"cached": cached_s, "baseline": baseline_s},
-            "computed_steps": {"cached": len(job.summary["computed_steps"]),
-                               "baseline": len(twin.summary["computed_steps"])}}
+            "computed_steps": {"cached": _computed(job), "baseline": _computed(twin)}}
+
+
+def _denoise_s(job: Job) -> float:
+    """The job's denoise seconds from its record (one read back from the store may lack them: NotReady)."""
+    seconds = ((job.summary or {}).get("timings") or {}).get("denoise_s")
+    if not (is_number(seconds) and seconds >= 0):
+        raise NotReady(f"the record of job {job.id} has no denoise time")
+    return float(seconds)
+
+
+def _computed(job: Job) -> int:
+    steps = (job.summary or {}).get("computed_steps")
+    if not isinstance(steps, list):
+        raise NotReady(f"the record of job {job.id} has no computed steps")
+    return len(steps)
 
 
 def difference_png(queue: JobQueue, job: Job, twin: Job) -> bytes:

@@ -15,17 +15,24 @@ input is removed once no unfinished job needs it.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import io
 import json
+import logging
+import math
+import os
+import re
 import secrets
 import sqlite3
+import stat
 import threading
 import time
 from collections import deque
 from pathlib import Path
 from typing import Any
 
+from ..checks import is_number, shown
 from ..core.files import Unreadable, output_folder, read_small_file, write_bytes
 from ..errors import AnimaError
 from ..generation.images import MAX_IMAGE_BYTES, ImageInput
@@ -39,10 +46,51 @@ from ..vae.preview import projection_for
 STATES = ("queued", "generating", "completed", "failed", "cancelled")
 FINISHED = ("completed", "failed", "cancelled")
 INPUTS = "inputs"  # the folder of data_dir that holds the jobs' uploaded images
+STORE = "jobs.sqlite"
+COLUMNS = ("id", "created", "state", "params", "summary", "error")
+JOB_ID = re.compile(r"[0-9a-f]{16}")  # what submit makes, secrets.token_hex(8): a row's id must be one
+KEEP_JOBS = 1000  # jobs the store keeps by default (serve --keep-jobs)
+MAX_PNG_BYTES = 1 << 28  # a job's PNG as served: far above any picture --max-side allows
+PREVIEW_SIDE = 256  # a live preview is the picture's size up to this many pixels a side
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+log = logging.getLogger(__name__)
 
 
 class QueueFull(AnimaError):
     """The queue holds its maximum of waiting jobs."""
+
+
+class StoreError(AnimaError):
+    """The job store or the data folder could not be written; `status` is the HTTP answer: 507 for a full disk
+    (Insufficient Storage), 503 otherwise (a store made read-only under the server)."""
+
+    def __init__(self, message: str, status: int = 503) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ImageGone(AnimaError):
+    """A completed job's PNG is not (or no longer) a plain file in the data folder: a 410."""
+
+
+class JobBusy(AnimaError):
+    """The job is queued or running: it cannot be deleted (cancel it first): a 409."""
+
+
+class _BadRow(Exception):
+    """Why a row of the store cannot be a job."""
+
+
+def _disk_full(e: BaseException | None) -> bool:
+    """Whether `e`, or the OSError behind an AnimaError of core.files (raised `from None`: kept as its context),
+    is a full disk or quota."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(e, sqlite3.Error) and "full" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 @dataclasses.dataclass
@@ -93,61 +141,143 @@ def image_inputs(params: GenerationParams) -> list[ImageInput]:
 
 
 class JobQueue:
+    """`max_side` / `max_steps`: the server's bounds (serve --max-side, --max-steps), which jobs read back from the
+    store are held to as requests are; `keep_jobs`: how many jobs the store keeps (older finished ones go)."""
+
     def __init__(self, pipeline: AnimaPipeline, data_dir: Path, *, max_queue: int = 16,
-                 checkpoint_every: int | None = None, engine: dict[str, Any] | None = None) -> None:
+                 checkpoint_every: int | None = None, engine: dict[str, Any] | None = None,
+                 max_side: int | None = None, max_steps: int | None = None, keep_jobs: int = KEEP_JOBS) -> None:
         self.pipeline, self.max_queue = pipeline, max_queue
+        self.max_side, self.max_steps, self.keep_jobs = max_side, max_steps, keep_jobs
         # A periodic checkpoint that cannot be written costs the resume, not the job.
         self.runner = JobRunner(pipeline, checkpoint_every=checkpoint_every, warn=lambda e: None)
         # How this server runs the model (subgraph set, NPU options, VAE backend): not part of a job's saved
         # settings, so a job found again after a restart takes them from here.
         self.engine = {key: value for key, value in (engine or {}).items() if key not in SETTINGS}
-        self.data_dir = output_folder(data_dir, overwrite=False, holds="other files", resumable="jobs.sqlite")
+        self.data_dir = output_folder(data_dir, overwrite=False, holds="other files", resumable=STORE)
         self.projection = projection_for(pipeline.files.vae)
         self._lock = threading.Condition()
         self._jobs: dict[str, Job] = {}
         self._waiting: deque[Job] = deque()
         self.current: Job | None = None
-        self._db = sqlite3.connect(self.data_dir / "jobs.sqlite", check_same_thread=False)
-        self._db.execute("CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, created REAL, state TEXT, "
-                         "params TEXT, summary TEXT, error TEXT)")
-        self._db.commit()  # jobs.sqlite marks the folder as this server's before anything else goes in
+        self._db = self._open_store(self.data_dir / STORE)
         self.inputs = self.data_dir / INPUTS
         self.inputs.mkdir(exist_ok=True)
         self._load()
+        self._prune()
         self._stopping = False
         self._worker = threading.Thread(target=self._work, name="anima-jobs", daemon=True)
 
     # ---- persistence --------------------------------------------------------------------------------------
 
-    def _save(self, job: Job) -> None:
+    @staticmethod
+    def _open_store(path: Path) -> sqlite3.Connection:
+        """The store at `path` (created if new), checked whole: a file that is not SQLite (random bytes, truncated,
+        damaged), a table that is not this server's, or a store this user cannot write is refused in one line and
+        left as it is: it may hold someone's jobs, and moving it aside would start an empty server that seems to
+        have lost them."""
+        try:
+            db = sqlite3.connect(path, check_same_thread=False)
+            db.execute(f"CREATE TABLE IF NOT EXISTS jobs ({COLUMNS[0]} TEXT PRIMARY KEY, {COLUMNS[1]} REAL, "
+                       f"{COLUMNS[2]} TEXT, {COLUMNS[3]} TEXT, {COLUMNS[4]} TEXT, {COLUMNS[5]} TEXT)")
+            db.commit()  # jobs.sqlite marks the folder as this server's before anything else goes in
+            (check,) = db.execute("PRAGMA quick_check").fetchone()
+            if check != "ok":
+                raise sqlite3.DatabaseError(f"damaged: {check}")
+            columns = tuple(row[1] for row in db.execute("PRAGMA table_info(jobs)"))
+            if columns != COLUMNS:
+                raise sqlite3.DatabaseError(f"its jobs table has the columns {', '.join(columns)}, not this server's")
+            # Can this user write it? A read-only file fails here, not mid-job (rolled back: the file is unchanged).
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("PRAGMA user_version = 0")
+            db.rollback()
+        except sqlite3.Error as e:
+            raise AnimaError(f"{path} is not a job store this server can use ({str(e).splitlines()[0]}); it was "
+                             "left as it is: move it away or serve with another --data-dir") from None
+        return db
+
+    def _save(self, *jobs: Job) -> None:
+        """The jobs' rows, in one transaction: all are written or none (StoreError)."""
+        rows = [(job.id, job.created, job.state, json.dumps(settings_of(job.params)), json.dumps(job.summary),
+                 job.error) for job in jobs]
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?)", (
-                job.id, job.created, job.state, json.dumps(settings_of(job.params)),
-                json.dumps(job.summary), job.error))
-            self._db.commit()
+            try:
+                self._db.executemany("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?)", rows)
+                self._db.commit()
+            except sqlite3.Error as e:
+                self._db.rollback()
+                full = _disk_full(e)
+                raise StoreError(f"the server cannot store jobs now ({'the disk is full' if full else e})",
+                                 507 if full else 503) from None
 
     def _load(self) -> None:
         """Jobs of an earlier run of the server: finished ones are listed, the others queued again in order, their
-        uploaded images read back (one whose image has gone fails, saying so)."""
-        for job_id, created, state, params, summary, error in self._db.execute(
-                "SELECT id, created, state, params, summary, error FROM jobs ORDER BY created").fetchall():
-            job = Job(job_id, GenerationParams(**json.loads(params), **self.engine), created, state, error=error,
-                      summary=json.loads(summary) if summary else None)
-            self._jobs[job_id] = job
-            if state in FINISHED:
+        uploaded images read back (one whose image has gone, or whose settings this server refuses, fails, saying
+        so). A row that cannot be a job is marked failed, not listed, and logged in one line."""
+        for row in self._db.execute(f"SELECT {', '.join(COLUMNS)} FROM jobs ORDER BY created").fetchall():
+            try:
+                job = self._job_of_row(*row)
+            except _BadRow as e:
+                log.warning("job store: row %s marked failed and skipped: %s", shown(row[0]), e)
+                self._db.execute("UPDATE jobs SET state = 'failed', error = ? WHERE id IS ?",
+                                 (f"unreadable in the job store: {e}", row[0]))
+                self._db.commit()
+                continue
+            self._jobs[job.id] = job
+            if job.state in FINISHED:
                 job.done.set()
                 continue
             try:
+                self._check_limits(job.params)
                 job.params = self.with_inputs(job.params)
             except AnimaError as e:
-                job.state, job.error = "failed", str(e)
                 default_state_path(self.image_path(job)).unlink(missing_ok=True)  # nothing can resume it
-                self._save(job)
-                job.done.set()
+                self._finish(job, "failed", str(e))
                 continue
             job.state = "queued"
             self._waiting.append(job)
         self._remove_unused_inputs()
+
+    def _job_of_row(self, job_id: Any, created: Any, state: Any, params: Any, summary: Any, error: Any) -> Job:
+        """A row of the store as a job, every field checked: an id that is not one submit makes (a path such as
+        '../x' would put the job's files outside the folder), a time that is not a number, settings that are not
+        this version's (unknown, malformed, out of range, NaN) and a record that is not strict JSON are refused."""
+        if not (isinstance(job_id, str) and JOB_ID.fullmatch(job_id)):
+            raise _BadRow("its id is not one this server makes")
+        if not (is_number(created) and math.isfinite(created)):
+            raise _BadRow(f"its created time {shown(created)} is not a number")
+        if state not in STATES:
+            raise _BadRow(f"its state {shown(state)} is not one of {', '.join(STATES)}")
+        if error is not None and not isinstance(error, str):
+            raise _BadRow("its error is not text")
+        try:
+            settings = json.loads(params)
+            record = json.loads(summary) if summary is not None else None
+            json.dumps(record, allow_nan=False)  # a record answered to clients must be strict JSON
+        except (TypeError, ValueError, RecursionError) as e:
+            raise _BadRow(f"its settings or record are not valid JSON ({type(e).__name__})") from None
+        if not isinstance(settings, dict):
+            raise _BadRow("its settings are not a JSON object")
+        if not (record is None or isinstance(record, dict)) or (state == "completed" and record is None):
+            raise _BadRow("its record is not a JSON object")
+        unknown = sorted(set(settings) - set(SETTINGS) - {"loras"})
+        if unknown:
+            raise _BadRow(f"its settings name what this version does not know: {shown(', '.join(unknown))}")
+        try:
+            job_params = GenerationParams(**settings, **self.engine)
+            job_params.validate()
+        except Exception as e:  # any setting's own check, or a value of the wrong type that trips one
+            raise _BadRow(f"its settings are refused: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                          ) from None
+        return Job(job_id, job_params, float(created), state, error=error, summary=record)
+
+    def _check_limits(self, params: GenerationParams) -> None:
+        """A job read back is held to this server's --max-side / --max-steps, as a request is."""
+        sides = [params.width, params.height, *(params.hires_size() if params.hires else ())]
+        if self.max_side is not None and max(sides) > self.max_side:
+            raise AnimaError(f"its picture ({max(sides)} px a side) is over this server's --max-side {self.max_side}")
+        if self.max_steps is not None and max(params.steps, params.hires_steps or 0) > self.max_steps:
+            raise AnimaError(f"its steps are over this server's --max-steps {self.max_steps}")
 
     def _input_path(self, image: ImageInput) -> Path:
         return self.inputs / f"{image.sha256}.img"
@@ -156,7 +286,14 @@ class JobQueue:
         """The job's uploaded images on disk, by sha256 (an image already there is the same bytes)."""
         for image in image_inputs(params):
             if not self._input_path(image).is_file():
-                write_bytes(self._input_path(image), image.data, overwrite=True)
+                try:
+                    write_bytes(self._input_path(image), image.data, overwrite=True)
+                except AnimaError as e:
+                    log.warning("cannot keep an uploaded image: %s", e)
+                    full = _disk_full(e)
+                    raise StoreError("the server cannot keep the uploaded image now ("
+                                     f"{'the disk is full' if full else 'it cannot write its data folder'})",
+                                     507 if full else 503) from None
 
     def with_inputs(self, params: GenerationParams) -> GenerationParams:
         """`params` with its fingerprint-only images given their bytes from the inputs folder."""
@@ -216,13 +353,18 @@ class JobQueue:
             if len(self._waiting) + len(jobs) > self.max_queue:
                 raise QueueFull(f"the queue is full ({len(self._waiting)} of {self.max_queue} jobs waiting, "
                                 f"{len(jobs)} asked for); try again later")
-            for params in batch:  # under the lock: a job finishing now cannot remove what these need
-                self._keep_inputs(params)
+            try:  # stored first, then queued: a job the store refused (a full disk) is never run
+                for params in batch:  # under the lock: a job finishing now cannot remove what these need
+                    self._keep_inputs(params)
+                self._save(*jobs)
+            except StoreError:
+                self._remove_unused_inputs()
+                raise
             for job in jobs:
                 self._jobs[job.id] = job
                 self._waiting.append(job)
-                self._save(job)
             self._lock.notify_all()
+        self._prune()
         return jobs
 
     def get(self, job_id: str) -> Job | None:
@@ -255,14 +397,96 @@ class JobQueue:
         return len(self._jobs)
 
     def image_path(self, job: Job) -> Path:
+        if not JOB_ID.fullmatch(job.id):  # every job's id was checked when it was made or read back
+            raise AnimaError(f"job id {shown(job.id)} is not one this server makes")
         return self.data_dir / f"{job.id}.png"
+
+    def read_image(self, job: Job) -> bytes:
+        """The completed job's PNG, only if it is a plain PNG file of the data folder itself: a link is never
+        followed (O_NOFOLLOW), a folder, a FIFO or a file with other names (a hard link) is not read, and what is
+        read must be a PNG. Anything else is ImageGone, in one line."""
+        path = self.image_path(job)
+        gone = ImageGone(f"the image of job {job.id} is no longer on the server")
+        if path.parent.resolve() != self.data_dir.resolve():
+            raise gone
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            raise gone from None
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode) or found.st_nlink != 1:
+            os.close(fd)
+            raise gone
+        with os.fdopen(fd, "rb") as file:
+            try:
+                data = file.read(MAX_PNG_BYTES + 1)
+            except OSError:
+                raise gone from None
+        if len(data) > MAX_PNG_BYTES or not data.startswith(PNG_SIGNATURE):
+            raise gone
+        return data
+
+    def delete(self, job: Job) -> None:
+        """A finished job, gone with its files: its row, PNG and resume state (and inputs no one else needs).
+        A queued or running job is JobBusy."""
+        with self._lock:
+            if job.state not in FINISHED:
+                raise JobBusy(f"job {job.id} is {job.state}: cancel it first")
+            self._remove([job])
+
+    def _remove(self, jobs: list[Job]) -> None:
+        with self._lock:
+            try:
+                self._db.executemany("DELETE FROM jobs WHERE id = ?", [(job.id,) for job in jobs])
+                self._db.commit()
+            except sqlite3.Error as e:
+                self._db.rollback()
+                raise StoreError(f"the server cannot change its job store now ({e})") from None
+            for job in jobs:
+                del self._jobs[job.id]
+                self.image_path(job).unlink(missing_ok=True)
+                default_state_path(self.image_path(job)).unlink(missing_ok=True)
+        if any(image_inputs(job.params) for job in jobs):
+            self._remove_unused_inputs()
+
+    def _prune(self) -> None:
+        """Keep the newest `keep_jobs` jobs: the oldest finished ones go first, never a queued or running one."""
+        with self._lock:
+            excess = len(self._jobs) - self.keep_jobs
+            if excess <= 0:
+                return
+            finished = sorted((job for job in self._jobs.values() if job.state in FINISHED), key=lambda j: j.created)
+            try:
+                self._remove(finished[:excess])
+            except StoreError as e:  # the store is kept as it is; the next finished job tries again
+                log.warning("old jobs not removed: %s", e)
 
     # ---- the worker ---------------------------------------------------------------------------------------
 
+    def _public(self, job: Job, message: str) -> str:
+        """`message` as clients see it: the server's folders (data, LoRAs, model files, subgraph sets) cut out,
+        the files' names kept."""
+        folders = {self.data_dir, self.inputs, *(ref.path.parent for ref in job.params.loras),
+                   *(Path(path).parent for path in dataclasses.astuple(self.pipeline.files) if path is not None),
+                   *(Path(folder) for name in ("subgraphs", "hires_subgraphs", "vae_subgraphs")
+                     if (folder := getattr(job.params, name, None)) is not None)}
+        texts = {text for folder in folders for text in (str(folder), str(folder.resolve())) if len(text) > 1}
+        for text in sorted(texts, key=len, reverse=True):  # the deepest first: /data/inputs before /data
+            message = message.replace(text + os.sep, "").replace(text, Path(text).name)
+        return message
+
     def _finish(self, job: Job, state: str, error: str | None = None) -> None:
+        """The job ends in `state`. An error is logged whole and kept without the server's folders. A store that
+        cannot be written now (a full disk) costs the record, not the server: the job is finished in memory."""
+        if error is not None:
+            log.warning("job %s %s: %s", job.id, state, error)
+            error = self._public(job, error)
         job.state, job.error, job.preview = state, error, None
         job.params = without_bytes(job.params)  # up to tens of MiB per upload: a finished job needs its sha256 only
-        self._save(job)
+        try:
+            self._save(job)
+        except StoreError as e:
+            log.warning("job %s: %s; it is %s until the server restarts", job.id, e, state)
         if image_inputs(job.params):
             self._remove_unused_inputs()
         job.done.set()
@@ -276,16 +500,29 @@ class JobQueue:
                     return
                 job = self.current = self._waiting.popleft()
                 job.state = "generating"
-            self._save(job)
             try:
+                self._save(job)
                 self._run(job)
+                self._prune()
+            except AnimaError as e:  # the worker outlives any job: this one ends failed, the next one runs
+                if not job.done.is_set():
+                    self._finish(job, "failed", str(e))
+            except Exception as e:
+                if not job.done.is_set():
+                    self._finish(job, "failed", f"internal error: {type(e).__name__}: {e}".splitlines()[0])
             finally:
                 with self._lock:
                     self.current = None
 
+    def _preview_upscale(self, latent_side: int) -> int:
+        """How much a live preview enlarges the latent: to the picture's own size up to PREVIEW_SIDE px (a 64-px
+        picture's preview is 64 px, not a 32-px smudge), and never less than 4x, as before, for large pictures."""
+        side = min(latent_side * self.pipeline.vae_config.scale_factor, PREVIEW_SIDE)
+        return max(4, math.ceil(side / latent_side))
+
     def _on_step(self, job: Job, event: StepEvent) -> None:
         job.step, job.total, job.eta_s = event.step, event.total, event.eta_s
-        image = self.projection.to_image(event.x0, 4)
+        image = self.projection.to_image(event.x0, self._preview_upscale(max(event.x0.shape[-2:])))
         buffer = io.BytesIO()
         image.save(buffer, format="PNG", compress_level=1)
         job.preview = buffer.getvalue()
@@ -301,12 +538,15 @@ class JobQueue:
         except Interrupted:
             if self._stopping:  # the server is shutting down: the job waits for the next start, state kept
                 job.state = "queued"
-                self._save(job)
+                try:
+                    self._save(job)
+                except StoreError as e:  # its row says generating: the next start queues it all the same
+                    log.warning("job %s: %s", job.id, e)
                 return
             state.unlink(missing_ok=True)
             self._finish(job, "cancelled")
         except AnimaError as e:  # a failed job is not run again: its state has nothing left to give
             state.unlink(missing_ok=True)
-            self._finish(job, "failed", str(e))
+            self._finish(job, "failed", str(e).splitlines()[0] if str(e) else type(e).__name__)
         except Exception as e:  # the server keeps serving; the job says what went wrong, in one line
             self._finish(job, "failed", f"internal error: {type(e).__name__}: {e}".splitlines()[0])

@@ -26,8 +26,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..checks import shown
 from ..sampling.samplers import SAMPLERS
 from .compare import difference_png, measure, twin_of
-from .jobs import FINISHED
-from .requests import BadRequest, job_or_404, json_body
+from .jobs import FINISHED, ImageGone, JobBusy, StoreError
+from .requests import BadRequest, error_answer, job_or_404, json_body
 
 if TYPE_CHECKING:
     from .app import Server
@@ -65,7 +65,11 @@ def routes(server: Server) -> APIRouter:
 
     @router.post("/api/jobs")
     async def submit(request: Request):
-        job = await run_in_threadpool(queue.submit, server.params(await json_body(request)))  # off the event loop
+        params = server.params(await json_body(request))
+        try:
+            job = await run_in_threadpool(queue.submit, params)  # off the event loop
+        except StoreError as e:  # a full disk: nothing was queued
+            return error_answer(request, str(e), e.status)
         return job.status(queue.position(job))
 
     @router.get("/api/settings")
@@ -86,6 +90,17 @@ def routes(server: Server) -> APIRouter:
         job = job_or_404(queue, job_id)
         return job.status(queue.position(job))
 
+    @router.delete("/api/jobs/{job_id}")
+    async def delete(request: Request, job_id: str):
+        job = job_or_404(queue, job_id)
+        try:
+            await run_in_threadpool(queue.delete, job)
+        except JobBusy as e:
+            return error_answer(request, str(e), 409)
+        except StoreError as e:
+            return error_answer(request, str(e), e.status)
+        return {"id": job.id, "deleted": True}
+
     @router.post("/api/jobs/{job_id}/cancel")
     async def cancel(job_id: str):
         job = job_or_404(queue, job_id)
@@ -93,11 +108,14 @@ def routes(server: Server) -> APIRouter:
         return job.status(queue.position(job))
 
     @router.get("/api/jobs/{job_id}/image")
-    async def image(job_id: str):
+    async def image(request: Request, job_id: str):
         job = job_or_404(queue, job_id)
         if job.state != "completed":
             return JSONResponse({"error": f"job is {job.state}"}, status_code=409)
-        return Response(queue.image_path(job).read_bytes(), media_type="image/png")
+        try:
+            return Response(queue.read_image(job), media_type="image/png")
+        except ImageGone as e:
+            return error_answer(request, str(e), 410)
 
     @router.get("/api/jobs/{job_id}/preview")
     async def preview(job_id: str):
