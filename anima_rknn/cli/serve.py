@@ -138,6 +138,8 @@ def _allowed_hosts(text: str | None) -> tuple[str, ...]:
               help="Largest width or height a request may ask for.")
 @click.option("--max-steps", type=click.IntRange(1, MAX_STEPS), default=150, show_default=True,
               help="Most steps a request may ask for.")
+@click.option("--keep-jobs", type=click.IntRange(1, 1_000_000), default=1000, show_default=True,  # jobs.KEEP_JOBS
+              help="Jobs the store keeps: past it the oldest finished ones go, with their images and states.")
 @setting_options(*SERVER_SETTINGS)
 @click.option("--keep-models/--no-keep-models", default=None,
               help="Keep the DiT loaded between jobs (faster), or load each stage per job as the CLI does (least "
@@ -159,7 +161,7 @@ def _allowed_hosts(text: str | None) -> tuple[str, ...]:
 @lora_dir_option
 @click.pass_context
 def serve(ctx, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host, port, data_dir, max_queue, cache,
-          checkpoint_every, max_side, max_steps, keep_models, allowed_hosts, api_key, api_key_file, api_auth,
+          checkpoint_every, max_side, max_steps, keep_jobs, keep_models, allowed_hosts, api_key, api_key_file, api_auth,
           api_auth_file, lora_dir, **settings) -> None:
     """Serve the model over HTTP until Ctrl-C; a job running then resumes at the next start."""
     import uvicorn
@@ -191,7 +193,8 @@ def serve(ctx, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host
             tile = default("vae_tile")
             choose_vae_backend(files.vae, tile, tile, tile, default("vae_overlap"), tiling=True, torch_tile=None)
         queue = JobQueue(AnimaPipeline(files, keep_dit=keep), Path(data_dir), max_queue=max_queue,
-                         checkpoint_every=checkpoint_every, engine=engine)
+                         checkpoint_every=checkpoint_every, engine=engine, max_side=max_side, max_steps=max_steps,
+                         keep_jobs=keep_jobs)
         app = Server(queue, default_cache=cache, max_side=max_side, max_steps=max_steps, model_name=files.dit.stem,
                      engine=engine, api_key=api_key, api_auth=api_auth, lora_dir=lora_dir,
                      native_size=trained_image_size(files.dit), bind_host=host, allowed_hosts=hosts).app()
