@@ -18,6 +18,8 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..checks import shown
 from ..core.files import Unreadable, read_small_file
 from ..errors import AnimaError
@@ -141,6 +143,8 @@ def read_jobs(path: str | Path, defaults: GenerationParams, seeds: list[int] | N
     (grown by its outpainting), except in the sides the command line set for every job (`sides_set`: "width",
     "height")."""
     path = Path(path)
+    if defaults.threads is None:  # the Python API's "as torch is set": this process's, named in every job's id
+        defaults = dataclasses.replace(defaults, threads=torch.get_num_threads())
     jsonl = path.suffix.lower() in JSONL_SUFFIXES
     jobs: list[BatchJob] = []
     images = _Images(path.parent)

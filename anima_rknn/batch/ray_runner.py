@@ -14,6 +14,7 @@ import contextlib
 import json
 import socket
 import sys
+import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +34,9 @@ from .worker import Expected, Worker, package_version, worker_name
 LOCAL = "local"  # --ray local: a private one-machine cluster, started and stopped with the batch
 ACTOR_RESTARTS = 3  # a worker that keeps dying is given up after this many restarts
 JOB_ATTEMPTS = 3  # a job that kills its worker this many times is recorded as failed, not tried forever
-DEFAULT_RESOURCES = {"CPU": 1.0}
+# A worker Ray is restarting answers "temporarily unavailable": it is asked again every RESTART_POLL_S, for
+# RESTART_WAIT_S at most (a restart starts a process and reads the model files' headers: seconds, not minutes).
+RESTART_WAIT_S, RESTART_POLL_S = 120.0, 0.5
 STATES = "batch-states"  # in a worker node's cache folder: the resume states of the jobs running there
 
 
@@ -45,10 +48,11 @@ def import_ray() -> Any:
     return ray
 
 
-def parse_resources(text: str | None) -> dict[str, float]:
-    """--ray-resources '{"npu": 1}': what each actor asks of its node. Default: one CPU."""
+def parse_resources(text: str | None, threads: int = 1) -> dict[str, float]:
+    """--ray-resources '{"npu": 1}': what each actor asks of its node. Default: as many CPUs as the jobs' threads,
+    so that a node runs no more workers than its cores hold (each job runs on its own --threads)."""
     if text is None:
-        return dict(DEFAULT_RESOURCES)
+        return {"CPU": float(threads)}
     try:
         resources = json.loads(text)
     except (ValueError, RecursionError):
@@ -95,12 +99,11 @@ class RemoteWorker(Worker):
     output folder is the driver's alone), so a job stopped with the batch continues there when the batch is run
     again and the job lands on the same node; elsewhere it starts over."""
 
-    def __init__(self, files: ModelFiles, keep_models: bool, threads: int | None,
-                 checkpoint_every: int | None = None) -> None:
+    def __init__(self, files: ModelFiles, keep_models: bool, checkpoint_every: int | None = None) -> None:
         self.failed: str | None = None
         try:
             # A state that cannot be written costs the resume, not the job.
-            super().__init__(files, keep_models, threads, checkpoint_every=checkpoint_every, warn=lambda e: None)
+            super().__init__(files, keep_models, checkpoint_every=checkpoint_every, warn=lambda e: None)
         except AnimaError as e:
             self.name = worker_name()
             self.failed = f"{self.name}: {e}"
@@ -125,8 +128,9 @@ def open_ray_runner(stack: contextlib.ExitStack, address: str | None, resources:
     and shut down with `stack`; None without --ray."""
     if address is None:
         return None
+    threads = max(params.threads for params, _ in expected)  # fixed by the driver (read_jobs): the jobs' own
     return stack.enter_context(RayRunner(address, files, expected, keep_models=keep_models,
-                                         resources=parse_resources(resources), max_workers=workers,
+                                         resources=parse_resources(resources, threads), max_workers=workers,
                                          checkpoint_every=checkpoint_every, warn=warn))
 
 
@@ -140,7 +144,7 @@ class RayRunner:
                  warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> None:
         self.ray = import_ray()
         self.address, self.files, self.expected, self.keep_models = address, files, expected, keep_models
-        self.resources = resources or dict(DEFAULT_RESOURCES)
+        self.resources = resources or parse_resources(None)
         self.max_workers, self.local_cpus, self.on_dispatch, self.warn = max_workers, local_cpus, on_dispatch, warn
         self.checkpoint_every = checkpoint_every
 
@@ -167,10 +171,8 @@ class RayRunner:
         self.ray.shutdown()  # the actors belong to this driver: they end with it
 
     def _start_workers(self) -> list[Any]:
-        # As many threads as the CPUs reserved, or the node's every core when the slot is a custom resource (a board).
-        threads = int(self.resources["CPU"]) if self.resources.get("CPU", 0) >= 1 else 0
         actor = self.ray.remote(**_actor_options(self.resources))(RemoteWorker)
-        return [actor.remote(self.files, self.keep_models, threads, self.checkpoint_every) for _ in range(self.count)]
+        return [actor.remote(self.files, self.keep_models, self.checkpoint_every) for _ in range(self.count)]
 
     def run(self, jobs: list[BatchJob], publish: Publish, sweep: Sweep | None = None) -> None:
         """Every job, published as it comes back; with `sweep`, each job is one seed of that bench sweep
@@ -178,7 +180,7 @@ class RayRunner:
         if not jobs:
             return
         ray = self.ray
-        from ray.exceptions import RayActorError, RayTaskError
+        from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
         version = package_version()
         actors = self._start_workers()
@@ -189,6 +191,7 @@ class RayRunner:
         attempts: dict[str, int] = {}
         refused: list[str] = []
         published: set[str] = set()
+        restarting: dict[Any, float] = {}  # actor -> until when the batch waits for Ray to restart it
         while pending or running:
             while idle and pending:
                 actor, job = idle.pop(), pending.popleft()
@@ -205,9 +208,16 @@ class RayRunner:
                 actor = checking.pop(ref)
                 try:
                     names[actor], problem = ray.get(ref)
+                except ActorUnavailableError as e:  # being restarted (it died mid-job): asked again shortly
+                    if time.monotonic() < restarting.setdefault(actor, time.monotonic() + RESTART_WAIT_S):
+                        time.sleep(RESTART_POLL_S)
+                        checking[actor.check.remote(self.expected, version)] = actor
+                        continue
+                    problem = f"a worker was not back within {RESTART_WAIT_S:g} s of dying: {_first_line(e)}"
                 except (RayActorError, RayTaskError) as e:
                     problem = f"a worker could not start: {_first_line(e)}"
                 if problem is None:
+                    restarting.pop(actor, None)
                     idle.append(actor)
                 else:
                     refused.append(problem)

@@ -10,8 +10,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from ..bench.run import RunCallback, SeedBench, Sweep
 from ..errors import AnimaError
 from ..generation.params import GenerationParams
@@ -39,13 +37,11 @@ def package_version() -> str:
 
 
 class Worker:
-    def __init__(self, files: ModelFiles, keep_models: bool, threads: int | None = None, *,
-                 checkpoint_every: int | None = None, warn: Callable[[AnimaError], None] | None = None) -> None:
-        """`threads`: torch's threads; 0 = every core of this machine (a Ray actor that reserved no CPUs would
-        otherwise get Ray's OMP_NUM_THREADS=1); None = as they are. `checkpoint_every` and `warn`: the job
-        runner's (jobs.runner.JobRunner)."""
-        if threads is not None:
-            torch.set_num_threads(threads or os.cpu_count() or 1)
+    def __init__(self, files: ModelFiles, keep_models: bool, *, checkpoint_every: int | None = None,
+                 warn: Callable[[AnimaError], None] | None = None) -> None:
+        """`checkpoint_every` and `warn`: the job runner's (jobs.runner.JobRunner). Each job runs on its own
+        threads (its settings', fixed by the driver: a Ray actor's OMP_NUM_THREADS=1 does not count), so a job
+        makes the same image here as in the driver's process."""
         self.pipeline = AnimaPipeline(files.check(), keep_dit=keep_models)
         self.runner = JobRunner(self.pipeline, checkpoint_every=checkpoint_every, warn=warn)
         self.name = worker_name()

@@ -10,6 +10,7 @@ path), --outpaint as LEFT,TOP,RIGHT,BOTTOM or one number for every side.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -17,12 +18,23 @@ from typing import Any
 
 import click
 
+from ..checks import check_int
 from ..core.cpu_speed import slow_dtype_warning
+from ..core.threads import AUTO_THREADS, MAX_THREADS, resolve_threads, use_threads
 from ..engine.backends.rknn import CORE_MASKS, RUNTIMES, RknnOptions
 from ..engine.memory_plan import parse_size
 from ..errors import AnimaError
+from ..export.manifest import read_manifest
 from ..generation.images import ImageInput
-from ..generation.params import GenerationParams, build, cli_flags, default, option, options
+from ..generation.params import (
+    LABELS,
+    GenerationParams,
+    build,
+    cli_flags,
+    default,
+    option,
+    options,
+)
 from ..model.io import trained_image_size
 from ..model.lora import parse_lora_option
 from ..model.model_set import ModelFiles
@@ -77,9 +89,11 @@ def _warn_if_slow(ctx: click.Context, param: click.Parameter, value: str) -> str
     return value
 
 
-def _click_options(name: str) -> list[Callable[[F], F]]:
-    """The click options of one setting, from its entry in the table."""
+def _click_options(name: str, front: str | None = None) -> list[Callable[[F], F]]:
+    """The click options of one setting, from its entry in the table (with `front`'s own help where it has one)."""
     opt, flags = option(name), cli_flags(name)
+    if front is not None and getattr(opt, f"{front}_help") is not None:
+        opt = dataclasses.replace(opt, help=getattr(opt, f"{front}_help"))
     value = default(name, "cli")
     if opt.kind == "rknn":
         return [
@@ -121,17 +135,32 @@ def _click_options(name: str) -> list[Callable[[F], F]]:
                          callback=_warn_if_slow if name == "dtype" else None)]
 
 
-def setting_options(*names: str, skip: tuple[str, ...] = ()) -> Callable[[F], F]:
-    """Click options for the named settings (all of them when none are named, less `skip`), in table order."""
+def setting_options(*names: str, skip: tuple[str, ...] = (), front: str | None = None) -> Callable[[F], F]:
+    """Click options for the named settings (all of them when none are named, less `skip`), in table order;
+    `front`: the command whose own help a setting may have (Option.batch_help)."""
     chosen = [name for name, _ in options() if (not names or name in names) and name not in skip]
 
     def decorate(f: F) -> F:
         for name in reversed(chosen):
-            for add in reversed(_click_options(name)):
+            for add in reversed(_click_options(name, front)):
                 f = add(f)
         return f
 
     return decorate
+
+
+def threads_option(f: F) -> F:
+    """--threads (the table's) for a command that runs a model outside a generation: the export and verify tools;
+    the command calls apply_threads with its value before any model runs."""
+    return setting_options("threads")(f)
+
+
+def apply_threads(threads: int) -> int:
+    """Torch's and ONNX Runtime's threads for the rest of this command (0: auto); returns the number."""
+    check_int("threads", threads, AUTO_THREADS, MAX_THREADS)
+    count = resolve_threads(threads)
+    use_threads(count)
+    return count
 
 
 def lora_dir_option(f: F) -> F:
@@ -152,7 +181,7 @@ def ray_options(f: F) -> F:
                           "head (host:6379), local = a private cluster on this machine for this run."),
         click.option("--ray-resources", default=None, metavar="JSON",
                      help='What each Ray worker asks of its node, e.g. \'{"npu": 1}\' for one worker per board '
-                          'that advertises an NPU. Default: {"CPU": 1}.'),
+                          'that advertises an NPU. Default: {"CPU": N} for jobs on --threads N.'),
         click.option("--ray-workers", type=click.IntRange(min=1), default=None,
                      help="At most this many Ray workers. Default: as many as the cluster's resources hold."),
     ]):
@@ -216,7 +245,27 @@ def params_from_cli(files: ModelFiles, values: dict[str, Any]) -> GenerationPara
     """GenerationParams of a command's setting options: width and height default to the model's trained size,
     the prompt's <lora:...> tags pick LoRAs from --lora-dir. Not validated yet (a resumed run fills in its state's
     settings first)."""
-    return build(setting_values(values), native_size=trained_image_size(files.dit), lora_dir=values.get("lora_dir"))
+    settings = setting_values(values)
+    if settings.get("vae_subgraphs") is not None:
+        settings |= vae_set_tiles(settings["vae_subgraphs"], settings)
+    return build(settings, native_size=trained_image_size(files.dit), lora_dir=values.get("lora_dir"))
+
+
+def vae_set_tiles(vae_subgraphs: Path, settings: dict[str, Any]) -> dict[str, int]:
+    """A VAE set's tile size and overlap (its manifest's, as export-vae made it), for the VAE tile settings the
+    command line leaves at their defaults; one given otherwise is refused in one line."""
+    manifest = read_manifest(vae_subgraphs, kind="vae")
+    taken = {}
+    context = click.get_current_context(silent=True)
+    for name, key in (("vae_tile", "tile"), ("vae_overlap", "overlap")):
+        given = context is not None and context.get_parameter_source(name) not in (
+            None, click.core.ParameterSource.DEFAULT)
+        if not given:
+            taken[name] = manifest[key]
+        elif settings[name] != manifest[key]:
+            raise AnimaError(f"the VAE set in {vae_subgraphs} was made for {LABELS[name]} {manifest[key]}, "
+                             f"{cli_flags(name)[0]} asks for {settings[name]}: drop it or export another set")
+    return taken
 
 
 def lora_file_options(f: F) -> F:

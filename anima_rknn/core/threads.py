@@ -81,12 +81,14 @@ def auto_threads(root: Path = SYSFS_CPU, allowed: Iterable[int] | None = None) -
 
 @functools.lru_cache(maxsize=1)
 def _auto() -> int:
-    return auto_threads()
+    omp = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(omp) if omp.isdigit() and int(omp) >= 1 else auto_threads()
 
 
 def resolve_threads(threads: int | None) -> int | None:
-    """A threads setting as the number that runs: AUTO_THREADS -> auto_threads() (this machine's); any other
-    value as it is (None: as torch is set when the run starts; validate() checks the rest)."""
+    """A threads setting as the number that runs: AUTO_THREADS -> OMP_NUM_THREADS where it is set (the usual
+    way to size a CPU program), else auto_threads() (this machine's cores); any other value as it is (None: as
+    torch is set when the run starts; validate() checks the rest)."""
     if threads == AUTO_THREADS and not isinstance(threads, bool):
         return _auto()
     return threads

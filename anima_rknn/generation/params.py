@@ -79,6 +79,8 @@ class Option:
     request_default: Any = None
     # Other spellings a front end may send, made ours by build() (A1111's schedule labels: "Karras" -> karras).
     parse: Callable[[Any], Any] | None = None
+    # batch's help where batch takes less than the rest (None: `help`), so that its --help offers only what it takes.
+    batch_help: str | None = None
 
 
 def _setting(default: Any, option: Option, factory: Any = None) -> Any:
@@ -105,7 +107,9 @@ class GenerationParams:
     seed: int = _setting(20260812, Option(
         f"0 to 2^64-1; {RANDOM_SEED} draws a random seed (the one used is reported).", "int", low=RANDOM_SEED,
         high=MAX_SEED, request="seed",
-        request_default=RANDOM_SEED))  # WebUI clients leave the seed out (or send -1) to get a new picture
+        request_default=RANDOM_SEED,  # WebUI clients leave the seed out (or send -1) to get a new picture
+        batch_help="Seed of the jobs that name none (without --seeds), 0 to 2^64-1: fixed, so that a batch run "
+                   "again finds its jobs done."))
     shift: float = _setting(3.0, Option("Flow-matching sigma shift.", "number", low=1e-3, high=MAX_SHIFT,
                                         request="shift"))
     scheduler: str = _setting("simple", Option(

@@ -91,3 +91,17 @@ def test_ids_follow_settings_and_model_files_and_duplicates_are_refused(tmp_path
     twice = read_jobs(_file(tmp_path, "t.txt", ["cat", "dog", "cat"]), DEFAULTS)
     with pytest.raises(AnimaError, match="line 3 repeats the job of line 1"):
         name_jobs(twice, lambda params: prints)
+
+
+def test_a_job_at_another_thread_count_is_another_job(tmp_path, one_thread):
+    """The picture's last bits may depend on the threads, so the id holds them: the defaults' (the Python API's
+    None: this process's torch threads, fixed here so that every worker runs them), or a line's own."""
+    path = _file(tmp_path, "j.jsonl", [{"prompt": "cat"}, {"prompt": "cat", "threads": 2}])
+    one, two = read_jobs(path, DEFAULTS)
+    assert DEFAULTS.threads is None and (one.params.threads, two.params.threads) == (1, 2)
+    prints = {"dit": "a", "text_encoder": "b", "vae": "c", "subgraphs": None}
+    assert job_id(one.settings(), prints) != job_id(two.settings(), prints)
+    on_two = read_jobs(_file(tmp_path, "p.txt", ["cat"]), dataclasses.replace(DEFAULTS, threads=2))[0]
+    assert job_id(on_two.settings(), prints) == job_id(two.settings(), prints)
+    with pytest.raises(AnimaError, match="line 1: threads must be an integer from 1 to 1024, got -1"):
+        read_jobs(_file(tmp_path, "bad.jsonl", [{"prompt": "cat", "threads": -1}]), DEFAULTS)

@@ -56,6 +56,7 @@ def test_ray_workers_make_the_local_images(tiny_set, sweep, tmp_path):
 
 
 def test_a_worker_killed_mid_job_costs_a_retry_not_a_job(tiny_set, sweep, tmp_path):
+    """With one worker: the batch waits for Ray to restart it (RESTART_WAIT_S at most) rather than give up."""
     jobs, expected, images = sweep
     killed: list[tuple[str, str]] = []
 
@@ -64,7 +65,7 @@ def test_a_worker_killed_mid_job_costs_a_retry_not_a_job(tiny_set, sweep, tmp_pa
             killed.append((job.id, worker))
             os.kill(int(worker.rsplit(":", 1)[1]), signal.SIGKILL)
 
-    records = _ray_batch(tiny_set, jobs, expected, tmp_path / "out", on_dispatch=kill_first)
+    records = _ray_batch(tiny_set, jobs, expected, tmp_path / "out", on_dispatch=kill_first, max_workers=1)
     assert sorted(r["job"] for r in records) == sorted(j.id for j in jobs)  # every job, each once
     assert {j.id: (tmp_path / "out" / j.image).read_bytes() for j in jobs} == images
     job_id, dead = killed[0]
@@ -93,6 +94,7 @@ def test_slots_count_each_node_alone_and_resources_are_checked():
     assert slots(nodes, {"npu": 1.0}) == 1
     assert slots(nodes, {"npu": 1.0, "CPU": 4.0}) == 1
     assert parse_resources(None) == {"CPU": 1.0} and parse_resources('{"npu": 1}') == {"npu": 1.0}
+    assert parse_resources(None, threads=4) == {"CPU": 4.0}  # a worker per --threads cores: no oversubscription
     for bad in ('{"npu": 0}', "[1]", "{}", "npu", '{"npu": true}'):
         with pytest.raises(AnimaError, match="--ray-resources"):
             parse_resources(bad)

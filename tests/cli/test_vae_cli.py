@@ -68,7 +68,9 @@ def test_generate_decodes_on_the_onnx_backend_like_torch(run_cli, model_dir, tin
 
 @pytest.mark.parametrize(("args", "message"), [
     (("--vae-backend", "onnx", "--vae-subgraphs", "SET", "--vae-tile-size", "96"),
-     "decodes 64-px tiles, asked for 96: pass --vae-tile-size 64"),
+     "was made for VAE tile size 64, --vae-tile-size asks for 96: drop it or export another set"),
+    (("--vae-backend", "onnx", "--vae-subgraphs", "SET", "--vae-tile-overlap", "8"),
+     "was made for VAE tile overlap 16, --vae-tile-overlap asks for 8: drop it or export another set"),
     (("--vae-backend", "onnx"), "needs an exported VAE set (--vae-subgraphs DIR)"),
     (("--vae-backend", "torch", "--vae-subgraphs", "SET"), "runs on --vae-backend onnx or rknn, not torch"),
     (("--vae-subgraphs", "SET"), "runs on --vae-backend onnx or rknn, not auto (which exports and caches its own)"),
@@ -81,6 +83,24 @@ def test_generate_refuses_a_set_that_does_not_fit_before_any_work(run_cli, model
     result = run_cli(*GENERATE, *args, "--model", model_dir, "--out", tmp_path / "x.png")
     assert result.code == 1 and message in result.err and result.err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_generate_takes_the_tiles_of_the_vae_set_it_is_given(run_cli, model_dir, tiny_vae_onnx_set, tmp_path):
+    """No tile flags: the set's 64-px tiles and 16-px overlap (its manifest's), the same picture as naming them."""
+    bare = ("generate", "-p", "a red circle", "--steps", "2", "-W", "112", "-H", "112", "--model", model_dir,
+            "--vae-backend", "onnx", "--vae-subgraphs", tiny_vae_onnx_set, "--json")
+    taken = run_cli(*bare, "--out", tmp_path / "taken.png")
+    named = run_cli(*bare, "--vae-tile-size", "64", "--vae-tile-overlap", "16", "--out", tmp_path / "named.png")
+    assert taken.code == 0 and named.code == 0, taken.err
+    assert (tmp_path / "taken.png").read_bytes() == (tmp_path / "named.png").read_bytes()
+
+
+def test_export_vae_tiles_default_to_the_models_trained_size(run_cli, tmp_path):
+    """The demo model was trained at 64 px: its set has 64-px tiles (a 512-px tile would fit none of its images)."""
+    result = run_cli("export-vae", "--out", tmp_path / "set", "--threads", "1")
+    assert result.code == 0, result.err
+    manifest = json.loads((tmp_path / "set" / "manifest.json").read_text())
+    assert (manifest["tile"], manifest["overlap"]) == (64, 16)
 
 
 def test_img2img_encodes_on_the_onnx_backend_like_torch(run_cli, model_dir, tiny_set, tmp_path):

@@ -71,9 +71,13 @@ def test_cpu_lists_parse_as_sysfs_writes_them():
     assert parse_cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
 
 
-def test_resolve_keeps_a_count_and_turns_auto_into_this_machines():
+def test_resolve_keeps_a_count_and_turns_auto_into_this_machines(monkeypatch):
     assert resolve_threads(3) == 3 and resolve_threads(None) is None  # None: as torch is set when a run starts
-    assert resolve_threads(0) == auto_threads()
+    for omp, auto in (("", auto_threads()), ("3", 3), ("0", auto_threads()), ("many", auto_threads())):
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+        threads._auto.cache_clear()
+        assert resolve_threads(0) == auto, omp
+    threads._auto.cache_clear()
 
 
 def test_torch_and_onnx_runtime_get_the_same_threads_without_spinning(one_thread):
