@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from tqdm import tqdm
 from ..checks import shown
 from ..core.files import check_output_file, json_text
 from ..errors import AnimaError
-from ..generation.params import IMAGE_SETTINGS, MAX_STEPS, SETTINGS, GenerationParams
+from ..generation.params import IMAGE_SETTINGS, MAX_STEPS, SETTINGS, GenerationParams, options
 from ..generation.pipeline import AnimaPipeline
 from ..generation.result import NotFinite, call_noun
 from ..generation.resume import (
@@ -73,9 +74,11 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
         params = settings_from_state(params, resumed, given)
     params.validate()
     out_path = check_output_file(Path(out), overwrite=overwrite, suffixes=(".png",))  # before minutes of work
-    state_path = Path(state) if state else default_state_path(out_path)
+    # A resumed run goes on in the state it was given (its checkpoints, and removed once the image is published),
+    # whatever --out says.
+    state_path = Path(state) if state else Path(resume_path) if resumed is not None else default_state_path(out_path)
     if resumed is None or state_path.resolve() != Path(resume_path).resolve():
-        check_state_file(state_path, overwrite)
+        check_state_file(state_path, overwrite, resume_command(ctx, given, state_path, out_path))
     # A resumed run takes over its own earlier preview.
     previews = preview_listener(preview, out_path, files.vae, preview_every, preview_vae, params.vae_tile,
                                 overwrite or resumed is not None)
@@ -112,9 +115,11 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
             bar.close()
     if stopped is not None:
         click.echo("stopped before the first step; nothing to resume" if stopped.path is None else
-                   f"stopped after step {stopped.step}/{stopped.total}; resume with: anima-rknn generate "
-                   f"--resume {shlex.quote(str(stopped.path))}", err=True)
+                   f"stopped after step {stopped.step}/{stopped.total}; resume with: "
+                   f"{resume_command(ctx, given, stopped.path, out_path)}", err=True)
         sys.exit(128 + stops[0])
+    if resumed is not None and failed is None and state_path.resolve() != Path(resume_path).resolve():
+        Path(resume_path).unlink(missing_ok=True)  # published: the state it went on from has nothing left to resume
 
     if as_json:
         click.echo(json_text(report))
@@ -215,6 +220,28 @@ def settings_from_state(params: GenerationParams, resumed: ResumeState, given: s
     return merged
 
 
+# What a resumed run must be told again: a state holds the settings that make the picture and the fingerprints of
+# the files, not where the files are or where the run runs (so that it resumes on another machine, with that
+# machine's paths); and --overwrite, when the output was there before the stopped run.
+RUN_FLAGS = frozenset({"model", "dit", "text_encoder", "vae", "qwen_tokenizer", "t5_tokenizer", "overwrite",
+                       *(flag for name, _ in options() if name not in SETTINGS or name in IMAGE_SETTINGS
+                         for flag in cli_names(name))})
+
+
+def resume_command(ctx: click.Context, given: set[str], state: Path, out: Path) -> str:
+    """The command line that continues this run from `state`: --resume with the flags of RUN_FLAGS this command
+    was given, and --out where the state's name does not say it."""
+    words = ["anima-rknn", "generate"]
+    for param in ctx.command.params:
+        if param.name in given and param.name in RUN_FLAGS and isinstance(param, click.Option):
+            value = ctx.params[param.name]
+            words += [param.opts[0]] if param.is_flag else [param.opts[0], str(value)]
+    implied = output_of_state(state)
+    if implied is None or implied.resolve() != out.resolve():
+        words += ["--out", str(out)]
+    return shlex.join([*words, "--resume", str(state)])
+
+
 def preview_listener(preview: str | None, out: Path, vae: Path, every: int, vae_decode: bool, tile: int,
                      overwrite: bool) -> StepCallback | None:
     """The --preview writer, checked now; a preview that fails later is given up with one warning line, since
@@ -226,12 +253,18 @@ def preview_listener(preview: str | None, out: Path, vae: Path, every: int, vae_
         raise AnimaError("--preview must be another file than --out")
     writer = PreviewWriter(path, vae, every, vae_decode=vae_decode, tile=tile)
     failed: list[str] = []
+    # The preview is this run's to replace: the file it last wrote (or, with --overwrite / resuming, the one there
+    # at the start); a file that appears at its name meanwhile is someone else's, and stays.
+    ours: list[tuple[int, int] | None] = [_identity(path) if overwrite else None]
 
     def write(event: StepEvent) -> None:
         if failed:
             return
         try:
+            if _identity(path) not in (None, ours[0]):
+                raise AnimaError(f"{path} appeared while this run was working; it was not replaced")
             writer(event)
+            ours[0] = _identity(path)
         except Exception as e:  # noqa: BLE001 -- anything, a VAE decode out of memory too: the run matters more
             failed.append(str(e))
             click.echo(f"\nwarning: previews stopped: {e}", err=True)
@@ -239,10 +272,19 @@ def preview_listener(preview: str | None, out: Path, vae: Path, every: int, vae_
     return write
 
 
-def check_state_file(path: Path, overwrite: bool) -> None:
+def _identity(path: Path) -> tuple[int, int] | None:
+    """Which file is at `path` (device and inode), None when there is none."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def check_state_file(path: Path, overwrite: bool, resume: str) -> None:
     """Where the resume state goes must be writable now, not after minutes of work; and a new run must not
-    replace a stopped run's state unasked: that would throw its work away."""
+    replace a stopped run's state unasked: that would throw its work away (`resume`: the command that continues
+    it)."""
     if path.exists() and not overwrite:
-        raise AnimaError(f"{path} holds a stopped run: continue it with --resume {shlex.quote(str(path))}, "
-                         "or pass --overwrite to start over")
+        raise AnimaError(f"{path} holds a stopped run: continue it with {resume}, or pass --overwrite to start over")
     check_output_file(path, overwrite=True, suffixes=(STATE_SUFFIX,))

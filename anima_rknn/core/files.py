@@ -21,7 +21,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -232,6 +232,38 @@ def output_folder(folder: str | os.PathLike, *, overwrite: bool, holds: str, res
     if not os.access(folder, os.W_OK | os.X_OK):
         raise AnimaError(f"cannot write into folder {folder}")
     return folder
+
+
+# File systems that cannot lock (some network mounts) answer flock with one of these: the publishing rules above
+# still keep every file whole and unreplaced there, only a second run is not refused up front.
+_NO_LOCKS = {errno.ENOLCK, errno.EBADF, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
+
+
+@contextlib.contextmanager
+def held_folder(open_folder: Callable[[], Path]) -> Iterator[Path]:
+    """The output folder `open_folder()` checks and makes (output_folder, or a caller's rules over it), held by
+    this run for the block: a second run writing into the same folder is refused in one line, instead of mixing
+    its files with this one's or emptying the folder under it.
+
+    The lock is an flock of the folder itself, not of a lock file in it (a file there would become part of the
+    set and of its listing); it goes when the block ends or the process dies. The folder is checked again once
+    the lock is held: the first check is one that another run may have passed too."""
+    import fcntl  # POSIX only, and only where a folder is written
+
+    folder = open_folder()
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AnimaError(f"another anima-rknn run is writing into {folder}; wait for it to end, or choose "
+                             "another folder") from None
+        except OSError as e:
+            if e.errno not in _NO_LOCKS:
+                raise
+        yield open_folder()
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _umask() -> int:

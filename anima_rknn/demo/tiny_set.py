@@ -6,7 +6,7 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from ..core.files import output_folder
+from ..core.files import held_folder, output_folder
 from ..errors import AnimaError
 from ..model.config import PRESETS
 from ..model.io import random_dit, save_dit
@@ -50,32 +50,33 @@ def write_model_set(out: Path, preset: str = "tiny", tokenizers: Path | None = N
     if preset not in PRESETS:
         raise AnimaError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     out = Path(out)
-    output_folder(out, overwrite=overwrite, holds="a model set" if (out / "split_files").exists() else "other files")
-    qwen_dir, t5_dir = out / LAYOUT["qwen_tokenizer"], out / LAYOUT["t5_tokenizer"]
-    for d in (qwen_dir, t5_dir, out / LAYOUT["dit"], out / LAYOUT["text_encoder"], out / LAYOUT["vae"]):
-        d.mkdir(parents=True, exist_ok=True)
-    if tokenizers is not None:
-        for name, dest in (("qwen3", qwen_dir), ("t5", t5_dir)):
-            source = Path(tokenizers) / name / "tokenizer.json"
-            if not source.is_file():
-                raise AnimaError(f"no tokenizer.json in {source.parent}")
-            shutil.copy(source, dest / "tokenizer.json")
-    else:
-        build_word_tokenizers(list(WORDS), qwen_dir, t5_dir)
-    qwen_vocab, t5_vocab = _vocab_size(qwen_dir), _vocab_size(t5_dir)
+    holds = "a model set" if (out / "split_files").exists() else "other files"
+    with held_folder(lambda: output_folder(out, overwrite=overwrite, holds=holds)):  # one writer at a time
+        qwen_dir, t5_dir = out / LAYOUT["qwen_tokenizer"], out / LAYOUT["t5_tokenizer"]
+        for d in (qwen_dir, t5_dir, out / LAYOUT["dit"], out / LAYOUT["text_encoder"], out / LAYOUT["vae"]):
+            d.mkdir(parents=True, exist_ok=True)
+        if tokenizers is not None:
+            for name, dest in (("qwen3", qwen_dir), ("t5", t5_dir)):
+                source = Path(tokenizers) / name / "tokenizer.json"
+                if not source.is_file():
+                    raise AnimaError(f"no tokenizer.json in {source.parent}")
+                shutil.copy(source, dest / "tokenizer.json")
+        else:
+            build_word_tokenizers(list(WORDS), qwen_dir, t5_dir)
+        qwen_vocab, t5_vocab = _vocab_size(qwen_dir), _vocab_size(t5_dir)
 
-    config = PRESETS[preset]
-    if preset == "full":
-        qwen_vocab, t5_vocab = FULL_QWEN_VOCAB, config.t5_vocab
-    config = dataclasses.replace(config, t5_vocab=max(t5_vocab, 1))
-    save_dit(random_dit(config, seed), out / LAYOUT["dit"] / f"anima-{preset}-random.safetensors")
-    write_random_text_encoder(out / LAYOUT["text_encoder"] / f"qwen3-{preset}-random.safetensors",
-                              hidden=config.adapter_source_dim, vocab=qwen_vocab, seed=seed + 1,
-                              **TEXT_ENCODERS[preset])
-    vae_path = out / LAYOUT["vae"] / f"wan-vae-{preset}-random.safetensors"
-    save_vae(random_vae(VAES[preset], seed=seed + 2), vae_path)
-    store_projection(vae_path)  # the live preview's latent-to-RGB projection (a minute for the full VAE)
-    return from_model_dir(out)
+        config = PRESETS[preset]
+        if preset == "full":
+            qwen_vocab, t5_vocab = FULL_QWEN_VOCAB, config.t5_vocab
+        config = dataclasses.replace(config, t5_vocab=max(t5_vocab, 1))
+        save_dit(random_dit(config, seed), out / LAYOUT["dit"] / f"anima-{preset}-random.safetensors")
+        write_random_text_encoder(out / LAYOUT["text_encoder"] / f"qwen3-{preset}-random.safetensors",
+                                  hidden=config.adapter_source_dim, vocab=qwen_vocab, seed=seed + 1,
+                                  **TEXT_ENCODERS[preset])
+        vae_path = out / LAYOUT["vae"] / f"wan-vae-{preset}-random.safetensors"
+        save_vae(random_vae(VAES[preset], seed=seed + 2), vae_path)
+        store_projection(vae_path)  # the live preview's latent-to-RGB projection (a minute for the full VAE)
+        return from_model_dir(out)
 
 
 def _vocab_size(tokenizer_dir: Path) -> int:

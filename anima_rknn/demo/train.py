@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import is_integer, require
-from ..core.files import output_folder, write_json
+from ..core.files import held_folder, output_folder, write_json
 from ..core.tensorfile import load_tensors, read_metadata, save_tensors
 from ..errors import AnimaError
 from ..model.config import DiTConfig
@@ -237,10 +238,13 @@ def store_preview_projection(vae_path: Path, config: DemoConfig) -> Path:
     return store_projection(vae_path, images_to_tensor(images))
 
 
-def _add_metadata(path: Path, extra: dict[str, str]) -> None:
-    """Rewrite a safetensors file with more metadata (the writers of the other parts take none)."""
-    tensors = load_tensors(path, "model")
-    save_tensors({k: v.clone() for k, v in tensors.items()}, path, {**read_metadata(path, "model"), **extra})
+def _publish_with_metadata(written: Path, path: Path, extra: dict[str, str], overwrite: bool) -> None:
+    """`written` (a file of the work folder, this run's alone) published as `path` with more metadata (the
+    writers of the other parts take none); `path` replaced only if `overwrite`."""
+    tensors = load_tensors(written, "model")
+    save_tensors({k: v.clone() for k, v in tensors.items()}, path, {**read_metadata(written, "model"), **extra},
+                 overwrite=overwrite)
+    written.unlink()
 
 
 def _stage_metadata(config: DemoConfig, result: StageResult) -> dict[str, str]:
@@ -249,7 +253,7 @@ def _stage_metadata(config: DemoConfig, result: StageResult) -> dict[str, str]:
             META_PREFIX + "image_size": str(dataset.IMAGE_SIZE)}
 
 
-def _write_text_side(out: Path, config: DemoConfig) -> ModelFiles:
+def _write_text_side(out: Path, work: Path, config: DemoConfig, replace: Callable[[Path], bool]) -> ModelFiles:
     """Both word tokenizers and the frozen random Qwen3 (deterministic, so rewriting on resume is harmless)."""
     qwen_dir, t5_dir = out / LAYOUT["qwen_tokenizer"], out / LAYOUT["t5_tokenizer"]
     # The sample words of make-tiny too, so that the default negative prompt is made of known words.
@@ -258,9 +262,11 @@ def _write_text_side(out: Path, config: DemoConfig) -> ModelFiles:
     for key in ("dit", "text_encoder", "vae"):
         (out / LAYOUT[key]).mkdir(parents=True, exist_ok=True)
     encoder_path = out / LAYOUT["text_encoder"] / TEXT_ENCODER_FILE
-    write_random_text_encoder(encoder_path, vocab=tokenizer.qwen.get_vocab_size(), seed=config.seed + 1,
+    written = work / TEXT_ENCODER_FILE
+    write_random_text_encoder(written, vocab=tokenizer.qwen.get_vocab_size(), seed=config.seed + 1,
                               **dataclasses.asdict(config.text_encoder))
-    _add_metadata(encoder_path, {META_PREFIX + "config": config.to_json(), META_PREFIX + "seed": str(config.seed)})
+    _publish_with_metadata(written, encoder_path, {META_PREFIX + "config": config.to_json(),
+                                                   META_PREFIX + "seed": str(config.seed)}, replace(encoder_path))
     return ModelFiles(dit=out / LAYOUT["dit"] / DIT_FILE, text_encoder=encoder_path,
                       vae=out / LAYOUT["vae"] / VAE_FILE, qwen_tokenizer=qwen_dir, t5_tokenizer=t5_dir)
 
@@ -279,23 +285,31 @@ def train_demo(out: str | Path, config: DemoConfig = DemoConfig(), threads: int 
     out = Path(out)
     holds = "a model set" if (out / "split_files").exists() else "other files"
     work = out / train_state.WORK_FOLDER
-    output_folder(out, overwrite=overwrite, holds=holds, resumable=str(Path(work.name) / train_state.CONFIG_FILE))
-    check_resume(work, config, out)
-    work.mkdir(exist_ok=True)
-    write_json(work / train_state.CONFIG_FILE, dataclasses.asdict(config), overwrite=True)
-    torch.set_num_threads(threads)
-    files = _write_text_side(out, config)
-    t5_vocab = PromptTokenizer.from_dirs(files.qwen_tokenizer, files.t5_tokenizer).t5.get_vocab_size()
-    config = dataclasses.replace(config, dit=dataclasses.replace(config.dit, t5_vocab=t5_vocab))
+    resumable = str(Path(work.name) / train_state.CONFIG_FILE)
+    # Held for the whole run (a second one into the folder is refused). The model files there now are this run's
+    # own interrupted work (or --overwrite's to replace): one that appears later is not, and stays.
+    with held_folder(lambda: output_folder(out, overwrite=overwrite, holds=holds, resumable=resumable)):
+        check_resume(work, config, out)
+        present = {path for path in out.rglob("*.safetensors") if path.is_file()}
 
-    vae, vae_result = train_vae(config, work)
-    save_vae(vae, files.vae)
-    _add_metadata(files.vae, _stage_metadata(config, vae_result))
-    store_preview_projection(files.vae, config)
+        def replace(path: Path) -> bool:
+            return overwrite or path in present
 
-    bank = CaptionBank(files, training_captions())
-    dit, dit_result = train_dit(config, work, vae, bank)
-    save_dit(dit, files.dit, metadata=_stage_metadata(config, dit_result))
-    from_model_dir(out)  # the set loads like any other
-    return {"vae": vae_result, "dit": dit_result}
+        work.mkdir(exist_ok=True)
+        write_json(work / train_state.CONFIG_FILE, dataclasses.asdict(config), overwrite=True)
+        torch.set_num_threads(threads)
+        files = _write_text_side(out, work, config, replace)
+        t5_vocab = PromptTokenizer.from_dirs(files.qwen_tokenizer, files.t5_tokenizer).t5.get_vocab_size()
+        config = dataclasses.replace(config, dit=dataclasses.replace(config.dit, t5_vocab=t5_vocab))
+
+        vae, vae_result = train_vae(config, work)
+        save_vae(vae, work / VAE_FILE)
+        _publish_with_metadata(work / VAE_FILE, files.vae, _stage_metadata(config, vae_result), replace(files.vae))
+        store_preview_projection(files.vae, config)
+
+        bank = CaptionBank(files, training_captions())
+        dit, dit_result = train_dit(config, work, vae, bank)
+        save_dit(dit, files.dit, metadata=_stage_metadata(config, dit_result), overwrite=replace(files.dit))
+        from_model_dir(out)  # the set loads like any other
+        return {"vae": vae_result, "dit": dit_result}
 

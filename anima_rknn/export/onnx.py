@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm import tqdm
 
-from ..core.files import atomic_path, cached_sha256, sha256_file, write_json
+from ..core.files import atomic_path, cached_sha256, held_folder, sha256_file, write_json
 from ..errors import AnimaError
 from ..model.config import DiTConfig
 from ..model.io import load_dit, read_dit_config
@@ -80,9 +80,10 @@ def export_graph(module: torch.nn.Module, shapes: dict[str, list[int]], dtype: t
     return graph
 
 
-def write_graph(graph: onnx.ModelProto, path: Path) -> str:
-    """The graph published whole at `path` (replacing an older one); its sha256, for the manifest."""
-    with atomic_path(path, overwrite=True) as tmp:
+def write_graph(graph: onnx.ModelProto, path: Path, overwrite: bool) -> str:
+    """The graph published whole at `path` (replacing an older one only if `overwrite`); its sha256, for the
+    manifest."""
+    with atomic_path(path, overwrite=overwrite) as tmp:
         tmp.write_bytes(graph.SerializeToString())
         return sha256_file(tmp)
 
@@ -105,31 +106,33 @@ def export_subgraphs(dit_path: Path, width: int, height: int, out_dir: Path, dty
     dit = load_dit(dit_path, DTYPES[dtype], loras=opened)
     config = dit.config
     names = [f"{subgraph_name(index)}.onnx" for index in range(3 * config.blocks)]
-    open_set_folder(out_dir, overwrite=overwrite, names=names)
-    clear_set_folder(out_dir, keep=names)
-    entries = []
-    for index in tqdm(range(3 * config.blocks), desc="export-onnx", unit="subgraph", disable=not progress):
-        kind = SUBGRAPH_KINDS[index % 3]
-        shapes = config_shapes(kind, config, tokens)
-        graph = export_graph(getattr(dit.blocks[index // 3], kind), shapes, DTYPES[dtype])
-        path = out_dir / names[index]
-        digest = write_graph(graph, path)
-        entries.append({
-            "index": index, "block": index // 3, "kind": kind, "file": path.name, "sha256": digest,
-            "inputs": [{"name": name, "shape": shape, "dtype": dtype} for name, shape in shapes.items()],
-            "outputs": [{"name": "y", "shape": [1, tokens, config.hidden], "dtype": dtype}],
-        })
-    manifest = {
-        "format": SUBGRAPHS_FORMAT,
-        "model": {"file": dit_path.name, "sha256": cached_sha256(dit_path), "blocks": config.blocks,
-                  "hidden": config.hidden, "heads": config.heads, "head_dim": config.head_dim,
-                  "context_dim": config.context_dim},
-        "width": width, "height": height, "tokens": tokens, "context_tokens": config.context_tokens,
-        "dtype": dtype, "opset": OPSET, "subgraphs": entries, "loras": [lora.identity() for lora in opened],
-    }
-    manifest_path = out_dir / MANIFEST
-    write_json(manifest_path, manifest, overwrite=True)
-    return manifest_path
+    # Held for the whole export (a second export into the folder is refused); without --overwrite the folder is
+    # empty, so nothing is replaced, not even a file that appears there meanwhile.
+    with held_folder(lambda: open_set_folder(out_dir, overwrite=overwrite, names=names)):
+        clear_set_folder(out_dir, keep=names)
+        entries = []
+        for index in tqdm(range(3 * config.blocks), desc="export-onnx", unit="subgraph", disable=not progress):
+            kind = SUBGRAPH_KINDS[index % 3]
+            shapes = config_shapes(kind, config, tokens)
+            graph = export_graph(getattr(dit.blocks[index // 3], kind), shapes, DTYPES[dtype])
+            path = out_dir / names[index]
+            digest = write_graph(graph, path, overwrite)
+            entries.append({
+                "index": index, "block": index // 3, "kind": kind, "file": path.name, "sha256": digest,
+                "inputs": [{"name": name, "shape": shape, "dtype": dtype} for name, shape in shapes.items()],
+                "outputs": [{"name": "y", "shape": [1, tokens, config.hidden], "dtype": dtype}],
+            })
+        manifest = {
+            "format": SUBGRAPHS_FORMAT,
+            "model": {"file": dit_path.name, "sha256": cached_sha256(dit_path), "blocks": config.blocks,
+                      "hidden": config.hidden, "heads": config.heads, "head_dim": config.head_dim,
+                      "context_dim": config.context_dim},
+            "width": width, "height": height, "tokens": tokens, "context_tokens": config.context_tokens,
+            "dtype": dtype, "opset": OPSET, "subgraphs": entries, "loras": [lora.identity() for lora in opened],
+        }
+        manifest_path = out_dir / MANIFEST
+        write_json(manifest_path, manifest, overwrite=overwrite)
+        return manifest_path
 
 
 def load_manifest(subgraph_dir: Path, *, dit_path: Path | None, width: int, height: int,

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
-from ..core.files import atomic_path, cached_sha256, link_or_copy, sha256_file, write_json
+from ..core.files import atomic_path, cached_sha256, held_folder, link_or_copy, sha256_file, write_json
 from ..errors import AnimaError
 from .manifest import (
     MANIFEST,
@@ -142,14 +142,14 @@ def compiler_memory(build_log: str) -> dict[str, int]:
     return sizes
 
 
-def convert_one(onnx_path: Path, rknn_path: Path, target: str) -> dict[str, Any]:
+def convert_one(onnx_path: Path, rknn_path: Path, target: str, overwrite: bool = False) -> dict[str, Any]:
     started = time.perf_counter()
     # Verbose builds print the compiler's memory table, and also dump debug ONNX models (weights included)
     # into the working folder: build from a scratch folder that is thrown away.
     with toolkit_output() as log, tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):
         rknn = build_model(onnx_path, target, log, verbose=True)
         try:
-            with atomic_path(rknn_path, overwrite=True) as tmp:
+            with atomic_path(rknn_path, overwrite=overwrite) as tmp:
                 toolkit_call("export_rknn", onnx_path, log, rknn.export_rknn, str(tmp))
         finally:
             rknn.release()
@@ -193,33 +193,39 @@ def convert_subgraphs(
         check_file(source_dir / entry["file"], entry["sha256"])
     onnx_names = [entry["file"] for entry in source["subgraphs"]]
     rknn_names = [rknn_name(name) for name in onnx_names]
-    open_set_folder(out_dir, overwrite=overwrite, names=[*onnx_names, *rknn_names, PROGRESS_FILE],
-                    resumable=PROGRESS_FILE)
 
-    identity = {
-        "source_sha256": sha256_file(source_dir / MANIFEST),
-        "target": target,
-        "toolkit_version": toolkit_version,
-    }
-    progress_path = out_dir / PROGRESS_FILE
-    done = read_progress(progress_path, identity, rknn_names)  # checked before anything in out_dir changes
-    if done is None and not overwrite:
-        raise AnimaError(f"{out_dir} holds the conversion of another set, target or toolkit version; "
-                         "pass --overwrite to replace it")
-    done = done or {}
-    clear_set_folder(out_dir, keep=[*onnx_names, *rknn_names, PROGRESS_FILE])
-    records = []
-    for entry in tqdm(source["subgraphs"], desc="rknn convert", unit="subgraph", disable=not progress):
-        onnx_path, rknn_path = out_dir / entry["file"], out_dir / rknn_name(entry["file"])
-        if not _is_own_copy(onnx_path, entry["sha256"]):
-            link_or_copy(source_dir / entry["file"], onnx_path, overwrite=True)
-        record = done.get(rknn_path.name)
-        if record is None or not _is_own_copy(rknn_path, record["rknn_sha256"]):
-            record = convert_one(onnx_path, rknn_path, target)
-            done[rknn_path.name] = record
-            write_json(progress_path, {**identity, "done": done}, overwrite=True)
-        records.append({"index": entry["index"], **record})
+    def folder() -> Path:
+        return open_set_folder(out_dir, overwrite=overwrite, names=[*onnx_names, *rknn_names, PROGRESS_FILE],
+                               resumable=PROGRESS_FILE)
 
-    manifest_path = out_dir / MANIFEST
-    write_json(manifest_path, {**source, "rknn": {**identity, "subgraphs": records}}, overwrite=True)
-    return manifest_path
+    with held_folder(folder):  # held for the whole conversion: a second one into the folder is refused
+        identity = {
+            "source_sha256": sha256_file(source_dir / MANIFEST),
+            "target": target,
+            "toolkit_version": toolkit_version,
+        }
+        progress_path = out_dir / PROGRESS_FILE
+        done = read_progress(progress_path, identity, rknn_names)  # checked before anything in out_dir changes
+        if done is None and not overwrite:
+            raise AnimaError(f"{out_dir} holds the conversion of another set, target or toolkit version; "
+                             "pass --overwrite to replace it")
+        done = done or {}
+        clear_set_folder(out_dir, keep=[*onnx_names, *rknn_names, PROGRESS_FILE])
+        # What is here now is this conversion's own interrupted work (or --overwrite's to replace): a file that
+        # appears at one of its names later is not, and stays.
+        ours = {path.name for path in out_dir.iterdir()} if not overwrite else {*onnx_names, *rknn_names}
+        records = []
+        for entry in tqdm(source["subgraphs"], desc="rknn convert", unit="subgraph", disable=not progress):
+            onnx_path, rknn_path = out_dir / entry["file"], out_dir / rknn_name(entry["file"])
+            if not _is_own_copy(onnx_path, entry["sha256"]):
+                link_or_copy(source_dir / entry["file"], onnx_path, overwrite=onnx_path.name in ours)
+            record = done.get(rknn_path.name)
+            if record is None or not _is_own_copy(rknn_path, record["rknn_sha256"]):
+                record = convert_one(onnx_path, rknn_path, target, overwrite=rknn_path.name in ours)
+                done[rknn_path.name] = record
+                write_json(progress_path, {**identity, "done": done}, overwrite=True)
+            records.append({"index": entry["index"], **record})
+
+        manifest_path = out_dir / MANIFEST
+        write_json(manifest_path, {**source, "rknn": {**identity, "subgraphs": records}}, overwrite=overwrite)
+        return manifest_path

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..core.files import cached_sha256, write_json
+from ..core.files import cached_sha256, held_folder, write_json
 from ..core.tensorfile import read_shapes
 from ..errors import AnimaError
 from ..vae import load_vae, read_vae_config
@@ -136,40 +136,42 @@ def export_vae_decoder(vae_path: Path, out_dir: Path, tile: int = DEFAULT_TILE, 
                     else (load_vae(vae_path, decode_only=False), None, 1.0))
     config = vae.config
     files = [DECODER_FILE, ENCODER_FILE] if encoder else [DECODER_FILE]
-    open_set_folder(out_dir, overwrite=overwrite, names=files)
-    clear_set_folder(out_dir, keep=files)  # a set without the encoder leaves no vae_encoder.onnx of an earlier one
-    z_shape, image_shape = vae_tile_shapes(config.z_dim, config.scale_factor, tile)
-    entries = [{
-        "index": 0, "kind": VAE_DECODER_KIND, "file": DECODER_FILE,
-        "sha256": _write(vae, {"z": z_shape}, out_dir / DECODER_FILE),
-        "inputs": [{"name": "z", "shape": z_shape, "dtype": "float32"}],
-        "outputs": [{"name": "y", "shape": image_shape, "dtype": "float32"}],
-    }]
-    del vae
-    calibration: dict[str, Any] = {}
-    if encoding is not None:
-        encoding_vae, encoder_peak, encoder_scale = encoding
-        entries.append({
-            "index": 1, "kind": VAE_ENCODER_KIND, "file": ENCODER_FILE,
-            "sha256": _write(_Encoder(encoding_vae), {"image": image_shape}, out_dir / ENCODER_FILE),
-            "inputs": [{"name": "image", "shape": image_shape, "dtype": "float32"}],
-            "outputs": [{"name": "y", "shape": z_shape, "dtype": "float32"}],
-        })
-        calibration = {"encoder_stream_peak": encoder_peak, "encoder_stream_scale": encoder_scale}
-    manifest = {
-        "format": VAE_FORMAT,
-        "model": {"file": vae_path.name, "sha256": cached_sha256(vae_path), "z_dim": config.z_dim,
-                  "scale_factor": config.scale_factor},
-        "tile": tile, "overlap": overlap, "dtype": "float32", "opset": OPSET,
-        "stream_peak": peak, "stream_scale": scale, **calibration,
-        "subgraphs": entries,
-    }
-    manifest_path = out_dir / MANIFEST
-    write_json(manifest_path, manifest, overwrite=True)
-    return manifest_path
+    # Held for the whole export (a second one into the folder is refused); without --overwrite the folder is
+    # empty, so nothing is replaced, not even a file that appears there meanwhile.
+    with held_folder(lambda: open_set_folder(out_dir, overwrite=overwrite, names=files)):
+        clear_set_folder(out_dir, keep=files)  # a set without the encoder leaves no vae_encoder.onnx of an earlier one
+        z_shape, image_shape = vae_tile_shapes(config.z_dim, config.scale_factor, tile)
+        entries = [{
+            "index": 0, "kind": VAE_DECODER_KIND, "file": DECODER_FILE,
+            "sha256": _write(vae, {"z": z_shape}, out_dir / DECODER_FILE, overwrite),
+            "inputs": [{"name": "z", "shape": z_shape, "dtype": "float32"}],
+            "outputs": [{"name": "y", "shape": image_shape, "dtype": "float32"}],
+        }]
+        del vae
+        calibration: dict[str, Any] = {}
+        if encoding is not None:
+            encoding_vae, encoder_peak, encoder_scale = encoding
+            entries.append({
+                "index": 1, "kind": VAE_ENCODER_KIND, "file": ENCODER_FILE,
+                "sha256": _write(_Encoder(encoding_vae), {"image": image_shape}, out_dir / ENCODER_FILE, overwrite),
+                "inputs": [{"name": "image", "shape": image_shape, "dtype": "float32"}],
+                "outputs": [{"name": "y", "shape": z_shape, "dtype": "float32"}],
+            })
+            calibration = {"encoder_stream_peak": encoder_peak, "encoder_stream_scale": encoder_scale}
+        manifest = {
+            "format": VAE_FORMAT,
+            "model": {"file": vae_path.name, "sha256": cached_sha256(vae_path), "z_dim": config.z_dim,
+                      "scale_factor": config.scale_factor},
+            "tile": tile, "overlap": overlap, "dtype": "float32", "opset": OPSET,
+            "stream_peak": peak, "stream_scale": scale, **calibration,
+            "subgraphs": entries,
+        }
+        manifest_path = out_dir / MANIFEST
+        write_json(manifest_path, manifest, overwrite=overwrite)
+        return manifest_path
 
 
-def _write(module: torch.nn.Module, shapes: dict[str, list[int]], path: Path) -> str:
+def _write(module: torch.nn.Module, shapes: dict[str, list[int]], path: Path, overwrite: bool) -> str:
     """Export `module` for these input shapes to `path`; return the file's sha256."""
     with warnings.catch_warnings():
         # The latent statistics become graph constants, which is what they are: nothing to warn about; nor is
@@ -179,7 +181,7 @@ def _write(module: torch.nn.Module, shapes: dict[str, list[int]], path: Path) ->
         warnings.filterwarnings("ignore", message="Converting a tensor to a Python boolean")
         warnings.filterwarnings("ignore", message="Constant folding - Only steps=1 can be constant folded")
         graph = _fold_constant_of_shape(export_graph(module, shapes, torch.float32))
-    return write_graph(graph, path)
+    return write_graph(graph, path, overwrite)
 
 
 def _fold_constant_of_shape(graph: onnx.ModelProto) -> onnx.ModelProto:

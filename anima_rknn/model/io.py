@@ -133,14 +133,14 @@ def load_llm_adapter(path: str | os.PathLike, loras: Sequence[Lora] = ()) -> LLM
 
 
 def save_dit(model: AnimaDiT, path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
-             metadata: dict[str, str] | None = None) -> None:
+             metadata: dict[str, str] | None = None, overwrite: bool = True) -> None:
     """Write the real layout: `net.` prefix, `dtype` tensors, sizes recoverable from shapes alone."""
     if model.llm_adapter is None:
         raise ValueError("a denoise-only DiT has no LLM adapter to save; load it whole")
     meta = {"anima_rknn.config": json.dumps(model.config.to_dict()), **(metadata or {})}
     if model.config.context_tokens != CONTEXT_TOKENS:
         meta[CONTEXT_TOKENS_KEY] = str(model.config.context_tokens)
-    save_tensors({f"net.{k}": v.to(dtype) for k, v in model.state_dict().items()}, path, meta)
+    save_tensors({f"net.{k}": v.to(dtype) for k, v in model.state_dict().items()}, path, meta, overwrite=overwrite)
 
 
 def random_dit(config: DiTConfig, seed: int = 0) -> AnimaDiT:

@@ -4,16 +4,21 @@ saved state: test_train_state.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import threading
+import time
 
+import pytest
 import torch
 
 from anima_rknn.core.tensorfile import read_metadata
 from anima_rknn.demo.harness import CaptionBank
-from anima_rknn.demo.train import DemoConfig
+from anima_rknn.demo.train import TEXT_ENCODER_FILE, VAE_FILE, DemoConfig, train_demo
+from anima_rknn.errors import AnimaError
 from anima_rknn.generation.pipeline import AnimaPipeline
 from anima_rknn.model.io import load_dit
-from anima_rknn.model.model_set import from_model_dir
+from anima_rknn.model.model_set import LAYOUT, from_model_dir
 from anima_rknn.vae import load_vae
 
 
@@ -51,3 +56,24 @@ def test_batched_conditioning_equals_the_pipeline(trained) -> None:
         for row, caption in zip(batched, captions):
             expected = pipeline.encode(caption, "").positive[0]
             torch.testing.assert_close(row, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_file_that_appears_during_the_run_is_left_alone(tmp_path, tiny_config) -> None:
+    """The VAE file of the set, put there by someone else while the VAE trains: the run ends with one line when it
+    would publish its VAE, and the file stays."""
+    out = tmp_path / "demo"
+    encoder, vae = out / LAYOUT["text_encoder"] / TEXT_ENCODER_FILE, out / LAYOUT["vae"] / VAE_FILE
+
+    def put() -> None:
+        deadline = time.monotonic() + 120
+        while not encoder.exists() and time.monotonic() < deadline:  # published before the VAE stage
+            time.sleep(0.002)
+        vae.write_bytes(b"mine")
+
+    other = threading.Thread(target=put, daemon=True)
+    other.start()
+    refused = "wan-vae-demo.safetensors (appeared while this run was working|exists; pass --overwrite)"
+    with pytest.raises(AnimaError, match=refused):
+        train_demo(out, dataclasses.replace(tiny_config, vae_steps=3, dit_steps=2), threads=1)
+    other.join()
+    assert vae.read_bytes() == b"mine"
