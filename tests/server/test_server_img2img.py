@@ -322,7 +322,7 @@ def test_bad_openai_edits_get_a_4xx_with_one_line(server):
     with pytest.raises(openai.BadRequestError, match="response_format must be b64_json"):
         client.images.edit(image=("i.png", PNG, "image/png"), prompt="x", response_format="url")
     code, answer = call(f"{url}/v1/images/edits", {"prompt": "x"})  # JSON, not an upload
-    assert code == 400 and "multipart/form-data" in error_message("/v1/", answer)
+    assert code == 415 and "multipart/form-data" in error_message("/v1/", answer)
 
 
 @pytest.mark.parametrize("path", ["/sdapi/v1/img2img", "/v1/images/edits", "/api/jobs"])
