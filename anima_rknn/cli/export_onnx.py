@@ -10,7 +10,7 @@ from ..export.onnx import export_subgraphs
 from ..model.lora import lora_tag, parse_lora_option
 from ..model.model_set import part_file
 from .group import cli
-from .options import dit_image_size, lora_file_options
+from .options import apply_threads, dit_image_size, lora_file_options, threads_option
 
 EXPORT_DTYPES = {"fp32": "float32", "fp16": "float16"}
 
@@ -29,10 +29,12 @@ EXPORT_DTYPES = {"fp32": "float32", "fp16": "float16"}
               help="Precision of the subgraphs (the host side always stays fp32).")
 @click.option("--overwrite", is_flag=True, help="Replace what is already in --out.")
 @lora_file_options
+@threads_option
 def export_onnx(model_dir: Path | None, dit: Path | None, width: int | None, height: int | None, out: Path,
-                dtype: str, overwrite: bool, lora: tuple[str, ...], lora_ignore_unmatched: bool) -> None:
+                dtype: str, overwrite: bool, lora: tuple[str, ...], lora_ignore_unmatched: bool, threads: int) -> None:
     """Export the DiT's attention and MLP bodies (3 per block) as ONNX subgraphs for one image size.
     --lora bakes LoRAs into them (generate with the same --lora options to use the set)."""
+    apply_threads(threads)
     dit_path = part_file(model_dir, dit, "dit")
     width, height = dit_image_size(dit_path, width, height)
     loras = [parse_lora_option(text) for text in lora]

@@ -23,7 +23,7 @@ from ..generation.pipeline import AnimaPipeline, initial_noise
 from ..model.config import PRESETS
 from ..model.model_set import resolve
 from .group import cli
-from .options import FINITE, model_options
+from .options import FINITE, apply_threads, model_options, threads_option
 
 VERIFY_PROMPT = "1girl, long hair, smile, looking at viewer, flowers, blue sky"
 
@@ -89,9 +89,11 @@ def plan(subgraphs: Path | None, preset: str | None, width: int, height: int, bu
 @click.option("--min-psnr", type=FINITE, default=DEFAULT_MIN_PSNR, show_default=True,
               help="VAE sets: flag decoded pictures (and a set's encoder's latents) whose PSNR against fp32 torch "
                    "is below this (dB).")
+@threads_option
 def verify_rknn(model: str | None, dit: str | None, text_encoder: str | None, vae: str | None,
                 qwen_tokenizer: str | None, t5_tokenizer: str | None, subgraphs: Path, prompt: str, seed: int,
-                runtime: str, min_cosine: float, as_json: bool, image_size: int | None, min_psnr: float) -> None:
+                runtime: str, min_cosine: float, as_json: bool, image_size: int | None, min_psnr: float,
+                threads: int) -> None:
     """Accuracy of every converted subgraph against fp32 torch, on the inputs of a real first denoising step.
 
     The inputs are recorded from the torch split engine's pass on the initial noise (sigma 1) with the prompt's
@@ -101,6 +103,7 @@ def verify_rknn(model: str | None, dit: str | None, text_encoder: str | None, va
     (export-vae --encoder) also encodes the pictures against the fp32 torch encoder, held to the same thresholds
     (the latent's PSNR taking its largest |value| as the peak).
     """
+    apply_threads(threads)  # the fp32 torch reference's (the simulator sizes its own)
     if set_kind(read_manifest(subgraphs, kind=None)) == "vae":  # needs the VAE file alone
         vae_path = Path(vae) if vae is not None else resolve(model).vae
         verify_vae(subgraphs, vae_path, image_size, seed, runtime, min_cosine, min_psnr, as_json)

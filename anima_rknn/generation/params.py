@@ -242,8 +242,8 @@ class GenerationParams:
         for name, option in options():
             value = getattr(self, name)
             if option.kind == "int" and not (name == "threads" and value is None):  # None: as torch is set
-                # A drawn seed and auto threads were resolved in __post_init__.
-                low = {"seed": 0, "threads": 1}.get(name, option.low)
+                low = 0 if name == "seed" else option.low  # a drawn seed was resolved in __post_init__
+
                 high = self.vae_tile // 2 if name == "vae_overlap" else option.high
                 check_int(LABELS.get(name, name), value, low, high)
             elif option.kind == "number" and not (value is None and default(name) is None):

@@ -103,5 +103,5 @@ def test_a_job_at_another_thread_count_is_another_job(tmp_path, one_thread):
     assert job_id(one.settings(), prints) != job_id(two.settings(), prints)
     on_two = read_jobs(_file(tmp_path, "p.txt", ["cat"]), dataclasses.replace(DEFAULTS, threads=2))[0]
     assert job_id(on_two.settings(), prints) == job_id(two.settings(), prints)
-    with pytest.raises(AnimaError, match="line 1: threads must be an integer from 1 to 1024, got -1"):
+    with pytest.raises(AnimaError, match="line 1: threads must be an integer from 0 to 1024, got -1"):
         read_jobs(_file(tmp_path, "bad.jsonl", [{"prompt": "cat", "threads": -1}]), DEFAULTS)
