@@ -89,3 +89,12 @@ def tiny_rknn_set(tiny_onnx_set, tmp_path_factory) -> Path:
     from anima_rknn.export.rknn import convert_subgraphs
 
     return convert_subgraphs(tiny_onnx_set, tmp_path_factory.mktemp("rknn"), progress=False).parent
+
+
+@pytest.fixture(scope="session")
+def tiny_vae_rknn_set(tiny_vae_onnx_set, tmp_path_factory) -> Path:
+    """tiny_vae_onnx_set converted for rk3588 (copy before changing)."""
+    pytest.importorskip("rknn.api")
+    from anima_rknn.export.rknn import convert_subgraphs
+
+    return convert_subgraphs(tiny_vae_onnx_set, tmp_path_factory.mktemp("vae-rknn"), progress=False).parent

@@ -23,6 +23,7 @@ from ..core.memory import available_bytes, return_freed_memory
 from ..core.tensorfile import fingerprint, read_shapes
 from ..core.threads import use_threads
 from ..engine import RknnOptions, make_engine, subgraph_manifest
+from ..engine.backends.rknn import check_runtime
 from ..engine.vae_auto import choose_vae_backend
 from ..engine.vae_tiles import open_tile_decoder, open_tile_encoder, vae_set_manifest
 from ..errors import AnimaError
@@ -298,8 +299,10 @@ class AnimaPipeline:
             if index and params.backend != "torch" and subgraphs is None:
                 raise AnimaError(f"the hires pass on the {params.backend} backend runs a subgraph set made for "
                                  f"{denoise_pass.width}x{denoise_pass.height}: pass it with --hires-subgraphs DIR")
-            subgraph_manifest(self.dit_config, subgraphs, params.backend, self.files.dit, denoise_pass.width,
-                              denoise_pass.height, loras=loras)
+            manifest = subgraph_manifest(self.dit_config, subgraphs, params.backend, self.files.dit,
+                                         denoise_pass.width, denoise_pass.height, loras=loras)
+            if params.backend == "rknn":
+                check_runtime(manifest["rknn"], params.rknn.runtime)
         prepare_source(params)
         plan = self._vae_plan(params, passes[-1].width, passes[-1].height)
         encode_size = ((params.width, params.height) if params.init_image is not None
@@ -323,6 +326,8 @@ class AnimaPipeline:
             return DecodePlan(torch_tile if backend == "torch" else params.vae_tile, params.vae_overlap, backend,
                               subgraphs)
         vae_set = vae_set_manifest(params.vae_backend, params.vae_subgraphs, self.files.vae, width, height)
+        if params.vae_backend == "rknn":  # refused now, not after the denoising, where there is no NPU runtime
+            check_runtime(vae_set["rknn"], params.rknn.runtime)
         if vae_set is not None and vae_set["tile"] != params.vae_tile:
             raise AnimaError(f"the VAE set in {params.vae_subgraphs} decodes {vae_set['tile']}-px tiles, asked for "
                              f"{params.vae_tile}: pass --vae-tile-size {vae_set['tile']} or export another set")

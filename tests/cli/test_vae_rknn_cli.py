@@ -17,10 +17,8 @@ GENERATE = ("generate", "-p", "a red circle", "--steps", "2", "-W", "112", "-H",
 
 
 @pytest.fixture(scope="module")
-def vae_rknn_set(tiny_vae_onnx_set, tmp_path_factory):
-    from anima_rknn.export.rknn import convert_subgraphs
-
-    return convert_subgraphs(tiny_vae_onnx_set, tmp_path_factory.mktemp("vae-rknn"), progress=False).parent
+def vae_rknn_set(tiny_vae_rknn_set):
+    return tiny_vae_rknn_set
 
 
 def test_convert_records_the_compilers_memory_figures(vae_rknn_set):

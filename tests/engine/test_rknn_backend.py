@@ -6,6 +6,7 @@ The subgraphs are the real exporter's, from the tiny model set, converted by the
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import pickle
 import shutil
@@ -20,6 +21,7 @@ from anima_rknn.engine.backends.rknn import RknnBackend, board_platform, check_b
 from anima_rknn.engine.memory_plan import plan_memory
 from anima_rknn.errors import AnimaError
 from anima_rknn.export.manifest import read_manifest
+from anima_rknn.generation.params import GenerationParams
 from anima_rknn.generation.pipeline import AnimaPipeline, initial_noise
 from anima_rknn.model.io import load_dit
 
@@ -232,3 +234,31 @@ def test_board_check_refuses_mismatches_in_one_line(tmp_path, version, platform,
 def test_board_check_refuses_a_missing_runtime(tmp_path):
     with pytest.raises(AnimaError, match="librknnrt.so not found"):
         check_board("2.5.0", "rk3588", (tmp_path / "librknnrt.so",), tmp_path / "compatible")
+
+
+LITE_MISSING = "rknn-toolkit-lite2 is not installed: pip install rknn-toolkit-lite2 on the board"
+
+
+# prepare() refuses a set whose runtime is missing before any model loads: on the board the full DiT takes
+# minutes to load, and the VAE decodes only after the whole denoising. This venv has rknn-toolkit2 but not
+# rknn-toolkit-lite2, so runtime "lite" is the board's runtime missing; scripts/board-check.sh runs the other half
+# in an arm64 root (rknn-toolkit-lite2 installed, no librknnrt.so).
+def test_a_dit_set_without_its_runtime_is_refused_before_the_models_load(tiny_set, converted):
+    pipeline = AnimaPipeline(tiny_set)
+    with pytest.raises(AnimaError) as raised:
+        pipeline.prepare(GenerationParams("a red circle", width=WIDTH, height=HEIGHT, backend="rknn",
+                                          subgraphs=converted, rknn=RknnOptions(runtime="lite")))
+    assert str(raised.value) == LITE_MISSING
+    pipeline.prepare(GenerationParams("a red circle", width=WIDTH, height=HEIGHT, backend="rknn", subgraphs=converted,
+                                      rknn=RknnOptions(runtime="simulator")))  # the same set, where it can run
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rknn") is None,
+                    reason="converting needs rknn-toolkit2 (.venv-rknn); skipped before the VAE set is exported")
+def test_a_vae_set_without_its_runtime_is_refused_before_the_denoising(tiny_set, tiny_vae_rknn_set):
+    params = GenerationParams("a red circle", width=WIDTH, height=HEIGHT, vae_backend="rknn",
+                              vae_subgraphs=tiny_vae_rknn_set, vae_tile=64, vae_overlap=16,
+                              rknn=RknnOptions(runtime="lite"))
+    with pytest.raises(AnimaError) as raised:
+        AnimaPipeline(tiny_set).prepare(params)
+    assert str(raised.value) == LITE_MISSING

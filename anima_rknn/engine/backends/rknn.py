@@ -98,6 +98,16 @@ def resolve_runtime(runtime: str) -> str:
     return "simulator"
 
 
+def check_runtime(conversion: dict[str, Any], runtime: str) -> str:
+    """The runtime that runs a converted set here (`resolve_runtime`), with the board checked against the set's
+    conversion record (its "rknn" manifest entry) when that is the NPU. Cheap: the pipeline calls it before any
+    model loads, so a board without the NPU runtime is told in one line, not after minutes of loading."""
+    chosen = resolve_runtime(runtime)
+    if chosen == "lite":
+        check_board(conversion["toolkit_version"], conversion["target"])
+    return chosen
+
+
 @dataclass(frozen=True)
 class RknnOptions:
     """How generate / bench run a converted set: which runtime, how much memory, which NPU cores."""
@@ -130,14 +140,12 @@ class RknnBackend:
             raise AnimaError(f"max_resident must be at least 1, not {max_resident}")
         if core_mask not in CORE_MASKS:
             raise AnimaError(f"unknown NPU core mask {core_mask!r}: choose one of {', '.join(CORE_MASKS)}")
-        self.runtime = resolve_runtime(runtime)
         self.max_resident = max_resident
         self.core_mask = core_mask
         self.subgraphs = manifest["subgraphs"]
         self.conversion = manifest["rknn"]
         self.rknn_files = {record["index"]: record for record in self.conversion["subgraphs"]}
-        if self.runtime == "lite":
-            check_board(self.conversion["toolkit_version"], self.conversion["target"])
+        self.runtime = check_runtime(self.conversion, runtime)
         self.pinned_count = pinned_contexts(len(self.subgraphs), max_resident)
         self.contexts: OrderedDict[int, Any] = OrderedDict()  # least recently used first
         self.verified: set[int] = set()
