@@ -324,3 +324,28 @@ def test_a_failed_jobs_error_names_no_server_folder(pipeline, tmp_path, tiny_set
     assert failed.state == "failed" and "style.safetensors" in failed.error, failed.error
     assert str(loras) not in failed.error and "private-loras" not in failed.error
     assert any(str(loras) in record.getMessage() for record in caplog.records)  # the log has it whole
+
+
+def test_serve_refuses_a_damaged_store_in_one_line_and_keeps_it(tiny_set, tmp_path, capsys, monkeypatch):
+    import socket
+    import sys
+
+    from anima_rknn.cli import main
+    from anima_rknn.cli.serve import serve
+    from anima_rknn.server.jobs import KEEP_JOBS
+
+    assert next(p.default for p in serve.params if p.name == "keep_jobs") == KEEP_JOBS
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / STORE).write_bytes(b"not a database, but someone's file" * 100)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(sys, "argv", ["anima-rknn", "serve", "--model", str(tiny_set.dit.parents[2]), "--data-dir",
+                                      str(data), "--port", str(port), "--keep-jobs", "5", "--vae-backend", "torch"])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = capsys.readouterr().err.strip()
+    assert exited.value.code == 1 and "\n" not in err and "Traceback" not in err, err
+    assert f"{data / STORE} is not a job store this server can use (file is not a database)" in err
+    assert (data / STORE).read_bytes() == b"not a database, but someone's file" * 100
