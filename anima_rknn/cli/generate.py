@@ -285,6 +285,6 @@ def check_state_file(path: Path, overwrite: bool, resume: str) -> None:
     """Where the resume state goes must be writable now, not after minutes of work; and a new run must not
     replace a stopped run's state unasked: that would throw its work away (`resume`: the command that continues
     it)."""
+    check_output_file(path, overwrite=True, suffixes=(STATE_SUFFIX,))  # first: a name too long cannot be looked at
     if path.exists() and not overwrite:
         raise AnimaError(f"{path} holds a stopped run: continue it with {resume}, or pass --overwrite to start over")
-    check_output_file(path, overwrite=True, suffixes=(STATE_SUFFIX,))

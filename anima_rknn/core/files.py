@@ -51,6 +51,17 @@ def _name_max(folder: Path) -> int:
         return 255
 
 
+def _check_length(path: Path) -> None:
+    """The whole path and each folder name in it within what file systems take (checked before anything looks
+    at the path: a stat of a name too long is an OSError, not a False)."""
+    if len(os.fsencode(str(path.absolute()))) + _TEMP_EXTRA >= 4096:
+        raise AnimaError(f"the output path {str(path)[:60]}... is too long")
+    for part in path.parent.parts:
+        if len(os.fsencode(part)) > 255:
+            raise AnimaError(f"the output path {str(path)[:60]}... has a folder name of {len(os.fsencode(part))} "
+                             "bytes; at most 255 fit a file system")
+
+
 def check_name(path: str | os.PathLike) -> Path:
     """Refuse a name the file system would refuse once the work is done: too long for its temporary, or
     not representable (invalid UTF-8 arguments arrive as lone surrogates)."""
@@ -60,12 +71,14 @@ def check_name(path: str | os.PathLike) -> Path:
         os.fsencode(str(path))
     except UnicodeError:
         raise AnimaError(f"the output name {path.name!r} is not valid text for this file system") from None
+    if len(name) + _TEMP_EXTRA > 255:  # no file system takes more; the folder's own limit is checked below
+        raise AnimaError(f"the output name {path.name[:40]}... is {len(name)} bytes long; "
+                         f"at most {255 - _TEMP_EXTRA} fit a file system")
+    _check_length(path)
     limit = _name_max(_folder_of(path)) if _folder_of(path).is_dir() else 255
     if len(name) + _TEMP_EXTRA > limit:
         raise AnimaError(f"the output name {path.name[:40]}... is {len(name)} bytes long; "
                          f"at most {limit - _TEMP_EXTRA} fit this file system")
-    if len(os.fsencode(str(path.absolute()))) + _TEMP_EXTRA >= 4096:
-        raise AnimaError(f"the output path {str(path)[:60]}... is too long")
     return path
 
 
@@ -217,7 +230,7 @@ def output_folder(folder: str | os.PathLike, *, overwrite: bool, holds: str, res
     or unless it holds `resumable`, the marker file of this command's own interrupted work. `names` are the
     files the command will create there, checked now rather than after the work.
     """
-    folder = Path(folder)
+    folder = check_name(folder)  # a folder's name too: before anything looks at it
     if folder.exists() and not folder.is_dir():
         raise AnimaError(f"{folder} is a file, not a folder")
     own_work = resumable is not None and (folder / resumable).is_file() and not (folder / resumable).is_symlink()

@@ -6,7 +6,7 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from ..core.files import held_folder, output_folder
+from ..core.files import check_name, held_folder, output_folder
 from ..errors import AnimaError
 from ..model.config import PRESETS
 from ..model.io import random_dit, save_dit
@@ -49,7 +49,7 @@ def write_model_set(out: Path, preset: str = "tiny", tokenizers: Path | None = N
     """
     if preset not in PRESETS:
         raise AnimaError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
-    out = Path(out)
+    out = check_name(out)  # before anything looks at it: a name too long is an OSError there
     holds = "a model set" if (out / "split_files").exists() else "other files"
     with held_folder(lambda: output_folder(out, overwrite=overwrite, holds=holds)):  # one writer at a time
         qwen_dir, t5_dir = out / LAYOUT["qwen_tokenizer"], out / LAYOUT["t5_tokenizer"]

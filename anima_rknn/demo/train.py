@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import is_integer, require
-from ..core.files import held_folder, output_folder, write_json
+from ..core.files import check_name, held_folder, output_folder, write_json
 from ..core.tensorfile import load_tensors, read_metadata, save_tensors
 from ..errors import AnimaError
 from ..model.config import DiTConfig
@@ -282,7 +282,7 @@ def train_demo(out: str | Path, config: DemoConfig = DemoConfig(), threads: int 
     descheduled partner thread)."""
     config.validate()
     require(is_integer(threads) and threads >= 1, f"threads must be an integer >= 1, got {brief_repr(threads)}")
-    out = Path(out)
+    out = check_name(out)  # before anything looks at it: a name too long is an OSError there
     holds = "a model set" if (out / "split_files").exists() else "other files"
     work = out / train_state.WORK_FOLDER
     resumable = str(Path(work.name) / train_state.CONFIG_FILE)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm import tqdm
 
-from ..core.files import atomic_path, cached_sha256, held_folder, sha256_file, write_json
+from ..core.files import atomic_path, cached_sha256, check_name, held_folder, sha256_file, write_json
 from ..errors import AnimaError
 from ..model.config import DiTConfig
 from ..model.io import load_dit, read_dit_config
@@ -96,6 +96,7 @@ def export_subgraphs(dit_path: Path, width: int, height: int, out_dir: Path, dty
     `loras` are baked in: merged into the bodies' weights (the NPU cannot add low-rank terms at run time), and
     recorded in the manifest (file, sha256, scale) so the set is only used with the same LoRAs."""
     dit_path, out_dir = Path(dit_path), Path(out_dir)
+    check_name(out_dir / MANIFEST)  # before minutes of work (the folder is checked whole before it is written)
     if dtype not in DTYPES:
         raise AnimaError(f"unknown export dtype {dtype!r}; choose float32 or float16")
     tokens = token_count(width, height)

@@ -79,3 +79,20 @@ def test_generate_leaves_a_file_that_replaces_its_preview(run_cli, model_dir, tm
     assert result.code == 0, result.err  # the image is the run's result; a preview is only a view of it
     assert "warning: previews stopped:" in result.err and "live.png appeared while this run was working" in result.err
     assert preview.read_bytes() == b"mine" and out.is_file()
+
+
+LONG = "x" * 5000
+
+
+@pytest.mark.parametrize("command", [
+    ("generate", "-p", "cat", "-o", LONG + ".png"),
+    ("generate", "-p", "cat", "-o", "{tmp}/x.png", "--state", LONG + ".state"),
+    ("generate", "-p", "cat", "-o", "{tmp}/" + "/".join(["d" * 200] * 25) + "/x.png"),
+    ("eval-demo", "--sheet", LONG + ".png"),
+    ("export-onnx", "--out", LONG),
+    ("make-tiny", "--out", "{tmp}/" + LONG),
+])
+def test_an_output_path_too_long_is_one_line_before_any_work(run_cli, tmp_path, command):
+    result = run_cli(*(word.replace("{tmp}", str(tmp_path)) for word in command))
+    assert result.code == 1 and _one_line(result) and ("too long" in result.err or "bytes" in result.err), result.err
+    assert list(tmp_path.iterdir()) == []
