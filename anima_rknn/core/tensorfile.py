@@ -263,5 +263,11 @@ def check_shapes(found: Mapping[str, Sequence[int]], expected: Mapping[str, Sequ
 
 def save_tensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike,
                  metadata: Mapping[str, str] | None = None, *, overwrite: bool = True) -> None:
-    with atomic_path(path, overwrite=overwrite) as tmp:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=dict(metadata or {}))
+    """A safetensors file, published whole (atomic_path); a failed write (a full disk, a file size limit) is one
+    line naming the file, and leaves nothing."""
+    try:
+        with atomic_path(path, overwrite=overwrite) as tmp:
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=dict(metadata or {}))
+    except SafetensorError as e:  # safetensors' writer reports the system's error as its own
+        reason = str(e).partition("\n")[0].removeprefix("Error while serializing: ").removeprefix("I/O error: ")
+        raise AnimaError(f"cannot write {path}: {re.sub(r' [(]os error [0-9]+[)]$', '', reason)}") from None

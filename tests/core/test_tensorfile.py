@@ -220,3 +220,20 @@ def test_shape_checks_name_the_tensor():
         check_shapes({"a": (1,)}, {"a": (1,), "b": (2,)}, "X")
     with pytest.raises(AnimaError, match=r"tensor a has shape \[3\], expected \[1\]"):
         check_shapes({"a": (3,)}, {"a": (1,)}, "X")
+
+
+def test_a_write_the_system_refuses_is_one_line_and_leaves_nothing(tmp_path):
+    """safetensors reports a failed write (here the file size limit; a full disk alike, ENOSPC) as its own
+    SafetensorError: it is one line naming the file, and no temporary or partial file is left."""
+    resource = pytest.importorskip("resource")
+    import signal
+
+    limits, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, limits[1]))  # the write fails with EFBIG past 64 KiB
+    try:
+        with pytest.raises(AnimaError, match=r"^cannot write .*big\.safetensors: File too large$"):
+            save_tensors({"a": torch.zeros(1 << 16)}, tmp_path / "big.safetensors")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert list(tmp_path.iterdir()) == []
