@@ -232,7 +232,7 @@ class JobQueue:
                 job.params = self.with_inputs(job.params)
             except AnimaError as e:
                 default_state_path(self.image_path(job)).unlink(missing_ok=True)  # nothing can resume it
-                self._finish(job, "failed", str(e))
+                self._finish(job, "failed", str(e), tidy=False)  # the rows not read yet may need its inputs
                 continue
             job.state = "queued"
             self._waiting.append(job)
@@ -475,9 +475,10 @@ class JobQueue:
             message = message.replace(text + os.sep, "").replace(text, Path(text).name)
         return message
 
-    def _finish(self, job: Job, state: str, error: str | None = None) -> None:
+    def _finish(self, job: Job, state: str, error: str | None = None, *, tidy: bool = True) -> None:
         """The job ends in `state`. An error is logged whole and kept without the server's folders. A store that
-        cannot be written now (a full disk) costs the record, not the server: the job is finished in memory."""
+        cannot be written now (a full disk) costs the record, not the server: the job is finished in memory.
+        `tidy`: remove the inputs no job needs any more (not while the store is read: _load does it once after)."""
         if error is not None:
             log.warning("job %s %s: %s", job.id, state, error)
             error = self._public(job, error)
@@ -487,7 +488,7 @@ class JobQueue:
             self._save(job)
         except StoreError as e:
             log.warning("job %s: %s; it is %s until the server restarts", job.id, e, state)
-        if image_inputs(job.params):
+        if tidy and image_inputs(job.params):
             self._remove_unused_inputs()
         job.done.set()
 
