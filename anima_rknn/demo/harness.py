@@ -134,8 +134,19 @@ def learning_rate(base: float, step: int, progress: float, warmup: int) -> float
     return base * ramp * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
+class NonFiniteLoss(Exception):
+    """A step's loss was NaN or infinite: its update was not applied (Stage.run ends the stage on it)."""
+
+    def __init__(self, loss: float) -> None:
+        super().__init__(f"loss {loss}")
+        self.loss = loss
+
+
 def optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor]) -> None:
-    """Backward, clip the gradient norm to 1, step."""
+    """Backward, clip the gradient norm to 1, step; a non-finite loss is NonFiniteLoss, before anything changes
+    (its gradients would make every weight NaN)."""
+    if not torch.isfinite(loss.detach()).all():
+        raise NonFiniteLoss(float(loss.detach()))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -168,7 +179,13 @@ class Stage:
             last_save = time.monotonic()
             while not s.done and self.progress() < 1.0:
                 started = time.monotonic()
-                s.losses.append(train_step(s.step, self.progress()))
+                try:
+                    loss = train_step(s.step, self.progress())
+                except NonFiniteLoss as e:  # the state is still the last good step's: kept, to look at or resume
+                    self.save()
+                    raise AnimaError(f"{self.name} step {s.step + 1}: the loss is {e.loss}; training stopped, the "
+                                     f"state after step {s.step} is kept in {self.checkpoint}") from None
+                s.losses.append(loss)
                 s.step += 1
                 took = time.monotonic() - started
                 s.elapsed += took

@@ -194,6 +194,9 @@ def load_stage(path: Path, modules: Mapping[str, torch.nn.Module], optimizer: to
     for name, (_, dtype) in expected.items():
         if tensors[name].dtype != dtype:
             raise _refuse(path, f"tensor {name} is {tensors[name].dtype}, expected {dtype}")
+    for name, tensor in tensors.items():  # training on from a NaN weight or moment only spreads it
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise _refuse(path, f"tensor {name} holds NaN or infinity")
     extra = {name: t for name, t in tensors.items() if name not in expected}
     optimizer_state = _optimizer_state(path, extra, progress["optimizer_numbers"], optimizer)
     groups = _param_groups(path, progress["param_groups"], optimizer)
@@ -219,6 +222,8 @@ def load_latents(path: Path, shape: tuple[int, ...]) -> torch.Tensor:
     latents = load_tensors(path, "latent pool")["latents"]
     if latents.dtype != torch.float32:
         raise _refuse(path, f"the latent pool is {latents.dtype}, expected torch.float32")
+    if not torch.isfinite(latents).all():
+        raise _refuse(path, "the latent pool holds NaN or infinity")
     return latents
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -15,12 +16,20 @@ import torch
 from anima_rknn.core.tensorfile import load_tensors, read_metadata, save_tensors
 from anima_rknn.demo import harness, train
 from anima_rknn.demo.harness import CaptionBank, training_captions
-from anima_rknn.demo.state import CONFIG_FILE, DIT_STATE, LATENTS, PROGRESS_KEY, VAE_STATE, WORK_FOLDER
+from anima_rknn.demo.state import (
+    CONFIG_FILE,
+    DIT_STATE,
+    LATENTS,
+    PROGRESS_KEY,
+    VAE_STATE,
+    WORK_FOLDER,
+    load_stage,
+)
 from anima_rknn.demo.train import train_demo, train_dit, train_vae
 from anima_rknn.errors import AnimaError
 from anima_rknn.model.io import load_dit
 from anima_rknn.model.model_set import from_model_dir
-from anima_rknn.vae import load_vae
+from anima_rknn.vae import WanVAE, WanVAEConfig, load_vae
 
 # ---- resumption -------------------------------------------------------------------------------------------
 
@@ -203,6 +212,13 @@ REFUSED: dict[str, tuple[str, Mutation, str]] = {
     "latents dtype": (LATENTS, edit_tensors(LATENTS, replace_tensor("latents", lambda t: t.double())),
                       "torch.float64"),
     "latents extra": (LATENTS, edit_tensors(LATENTS, lambda t: t.update(more=torch.zeros(1))), "one tensor"),
+    # a state that went non-finite: training on would only spread it ("loss nan")
+    "model weight NaN": (VAE_STATE, edit_tensors(VAE_STATE, replace_tensor(
+        "model.", lambda t: torch.full_like(t, float("nan")))), "tensor model.* holds NaN or infinity"),
+    "optimizer moment NaN": (VAE_STATE, edit_tensors(VAE_STATE, replace_tensor(
+        "optimizer.state.0.exp_avg", lambda t: torch.full_like(t, float("nan")))), "holds NaN or infinity"),
+    "latents NaN": (LATENTS, edit_tensors(LATENTS, replace_tensor("latents", lambda t: torch.full_like(
+        t, float("nan")))), "latent pool holds NaN"),
     # the run's config
     "config not JSON": (CONFIG_FILE, edit_config(lambda c: "seed = 5"), "not valid JSON"),
     "config deeply nested": (CONFIG_FILE, edit_config(lambda c: "[" * 50_000), "not valid JSON"),
@@ -236,3 +252,18 @@ def test_bad_state_is_refused_in_one_line_and_left_unchanged(case, trained, tiny
     message = str(refused.value)
     assert "\n" not in message and str(out / WORK_FOLDER / named) in message
     assert _contents(out / WORK_FOLDER) == before
+
+
+def test_a_non_finite_loss_stops_training_with_the_last_good_state_kept(tiny_config, tmp_path) -> None:
+    """A learning rate far too high makes the VAE's loss overflow within a few steps: the run stops at the first
+    non-finite loss in one line, and the state it keeps is the last good step's (finite, so it loads again)."""
+    out = tmp_path / "run"
+    diverging = dataclasses.replace(tiny_config, vae_lr=1e8, warmup_steps=1, vae_steps=40, dit_steps=2)
+    with pytest.raises(AnimaError, match=r"^vae step [0-9]+: the loss is (nan|inf); training stopped") as stopped:
+        train_demo(out, diverging, threads=1)
+    assert "\n" not in str(stopped.value)
+    torch.manual_seed(0)
+    vae = WanVAE(WanVAEConfig(dim=diverging.vae_dim, z_dim=16, num_res_blocks=diverging.vae_res_blocks))
+    optimizer = torch.optim.Adam(vae.parameters(), lr=diverging.vae_lr)
+    kept = load_stage(out / WORK_FOLDER / VAE_STATE, {"model": vae}, optimizer)  # refused if anything were NaN
+    assert 0 <= kept.step < 40 and all(math.isfinite(loss) for loss in kept.losses)
