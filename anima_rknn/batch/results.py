@@ -6,13 +6,24 @@ there and agree (settings and the PNG's sha256), and is run again otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.files import Unreadable, json_text, output_folder, read_small_file, sha256_file, write_bytes, write_text
+from ..core.files import (
+    Unreadable,
+    held_folder,
+    json_text,
+    output_folder,
+    read_small_file,
+    sha256_file,
+    write_bytes,
+    write_text,
+)
 from ..errors import AnimaError
 from ..generation.params import canonical_settings
 from .jobs import MAX_JOBS, BatchJob
@@ -101,3 +112,12 @@ class Results:
         self.records[job.id] = record
         self._write()
         return record
+
+
+@contextlib.contextmanager
+def locked_results(folder: str | Path, jobs: list[BatchJob], *, overwrite: bool) -> Iterator[Results]:
+    """Results for a batch that has the folder to itself while it runs (files.held_folder): another batch into it,
+    whose records would replace these, is refused in one line before it reads or writes anything there."""
+    with held_folder(lambda: output_folder(folder, overwrite=overwrite, holds="other files", resumable=RESULTS,
+                                           names=[RESULTS])) as held:
+        yield Results(held, jobs, overwrite=overwrite)

@@ -9,7 +9,7 @@ from tqdm import tqdm
 from ..batch.jobs import BatchJob, prepare_jobs, read_jobs
 from ..batch.local import LocalRunner, Publish
 from ..batch.ray_runner import open_ray_runner
-from ..batch.results import RESULTS, Outcome, Results
+from ..batch.results import RESULTS, Outcome, Results, locked_results
 from ..batch.worker import Worker
 from ..errors import AnimaError
 from ..generation.params import RANDOM_SEED, GenerationParams, parse_seeds
@@ -25,17 +25,15 @@ from .signals import stop_on_signals
 def batch_defaults(files: ModelFiles, settings: dict) -> GenerationParams:
     """The setting options as the jobs' defaults, built as generate builds its settings (the prompts, and
     the LoRAs their tags name, come from the jobs file)."""
-    if settings["prompt"] is not None:
-        raise AnimaError("the prompts come from JOBS; --prompt is not taken here")
     if settings["seed"] == RANDOM_SEED:
         raise AnimaError("a batch needs fixed seeds (a drawn one could not be found again when the batch resumes)")
-    return params_from_cli(files, {**settings, "prompt": None, "lora_dir": None})
+    return params_from_cli(files, {**settings, "lora_dir": None})
 
 
 @cli.command("batch")
 @click.argument("jobs_file", metavar="JOBS", type=click.Path(dir_okay=False))
 @model_options
-@setting_options()
+@setting_options(skip=("prompt",), front="batch")  # the prompts are the jobs'
 @lora_dir_option
 @click.option("--seeds", default=None,
               help="Seeds for every job that names none, e.g. 1-8 or 1,5,9-12. Default: --seed.")
@@ -66,7 +64,7 @@ def batch(jobs_file, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer
     with contextlib.ExitStack() as stack:
         ray = open_ray_runner(stack, ray_address, ray_resources, ray_workers, files, expected, keep,
                               checkpoint_every, warn=lambda line: tqdm.write(line, file=sys.stderr))
-        results = Results(out, jobs, overwrite=overwrite)
+        results = stack.enter_context(locked_results(out, jobs, overwrite=overwrite))  # one batch per --out
         todo = [job for job in jobs if not results.done(job)]
         click.echo(f"{len(jobs)} jobs: {len(jobs) - len(todo)} done before, {len(todo)} to run", err=True)
         failed: list[str] = []

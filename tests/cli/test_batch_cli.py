@@ -57,7 +57,6 @@ def test_batch_matches_separate_generate_runs(run_cli, model_dir, tmp_path, one_
     (['{"prompt": "cat"}', '{"prompt": "cat", "steps": 5000}'], (), r"line 2: steps must be an integer"),
     (['{"prompt": "cat", "width": 4096, "height": 4096}'], ("--no-vae-tiling",), r"line 1: decoding 4096x4096 in one piece needs"),
     (['{"prompt": "cat"}'], ("--seeds", "3-1"), r"--seeds"),
-    (['{"prompt": "cat"}'], ("--prompt", "dog"), r"--prompt is not taken here"),
     (['{"prompt": "cat"}'], ("--seed", "-1"), r"a batch needs fixed seeds"),
     (['{"prompt": "cat"}'], ("--ray", "local", "--ray-resources", "{npu: 1}"), r"--ray-resources must be"),
 ])
@@ -71,6 +70,47 @@ def test_bad_input_is_one_line_and_writes_nothing(run_cli, model_dir, tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
+def _advertised(help_text: str) -> list[tuple[str, str | None]]:
+    """(flag, metavar) of each option `--help` lists: the first long flag of the line, its metavar if any."""
+    found = re.findall(r"^  (?:-\w, )?(--[\w-]+)(?: / --[\w-]+)?(?: ([^\s][^ ]*))?(?:  |$)", help_text, re.M)
+    return [(flag, metavar or None) for flag, metavar in found if flag != "--help"]
+
+
+def test_every_option_batch_help_offers_is_taken(run_cli, model_dir, tiny_set, tiny_vae_onnx_set, tmp_path,
+                                                 one_thread):
+    """batch's --help is built from the one table less what batch refuses: each option it lists, given a valid
+    value, gets past the command line and the jobs' defaults (to the missing jobs file, which is read next)."""
+    shown = run_cli("batch", "--help")
+    assert shown.code == 0 and "--prompt" not in shown.out and "draws a random seed" not in shown.out
+    (tmp_path / "lora.safetensors").write_bytes(b"")
+    from PIL import Image
+
+    Image.new("RGB", (64, 64)).save(tmp_path / "init.png")
+    values = {"--model": model_dir, "--dit": tiny_set.dit, "--text-encoder": tiny_set.text_encoder,
+              "--vae": tiny_set.vae, "--qwen-tokenizer": tiny_set.qwen_tokenizer,
+              "--t5-tokenizer": tiny_set.t5_tokenizer, "--width": 64, "--height": 64, "--hires-width": 128,
+              "--hires-height": 128, "--vae-tile-size": 64, "--vae-tile-overlap": 16, "--seed": 5,
+              "--cache-option": "w=0.4", "--rknn-budget": "6GB", "--seeds": "1-2", "--init-img": tmp_path / "init.png",
+              "--mask": tmp_path / "init.png", "--lora": f"{tmp_path / 'lora.safetensors'}:0.5", "--outpaint": "8",
+              "--ray": "local", "--ray-resources": '{"CPU": 1}', "--out": tmp_path / "out",
+              "--vae-subgraphs": tiny_vae_onnx_set}  # (whose tile and overlap become the defaults)
+    by_metavar = {"INTEGER": 1, "INTEGER RANGE": 1, "NUMBER": 0.5, "TEXT": "blurry", "DIRECTORY": tmp_path}
+    advertised = _advertised(shown.out)
+    assert len(advertised) > 60 and ("--threads", "INTEGER") in advertised
+    for flag, metavar in advertised:
+        if metavar is None:  # a flag
+            args = [flag]
+        else:
+            value = values.get(flag, by_metavar.get(metavar))
+            if value is None and metavar.startswith("["):
+                value = metavar.strip("[]").split("|")[0]  # a choice: the first
+            args = [flag, value]
+        extra = (() if flag == "--out" else ("--out", tmp_path / "out")) + (
+            () if flag == "--model" else ("--model", model_dir))
+        result = run_cli("batch", tmp_path / "no-jobs.jsonl", *args, *extra)
+        assert result.code == 1 and "no-jobs.jsonl" in result.err, (flag, result.err)
+
+
 def test_another_batch_s_folder_is_refused(run_cli, model_dir, tmp_path, one_thread):
     for name, prompt in (("a.txt", "cat"), ("b.txt", "dog")):
         (tmp_path / name).write_text(prompt + "\n")
@@ -79,6 +119,44 @@ def test_another_batch_s_folder_is_refused(run_cli, model_dir, tmp_path, one_thr
     refused = run_cli("batch", tmp_path / "b.txt", "--model", model_dir, *FAST, "-o", tmp_path / "out")
     assert refused.code == 1 and "holds another batch's results" in refused.err
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
+
+
+def _held(folder) -> bool:
+    """Whether another process holds `folder`'s lock (a running batch's)."""
+    import fcntl
+
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def test_a_second_batch_into_a_running_batch_s_folder_is_refused(run_cli, model_dir, tmp_path, one_thread):
+    """Two batches at once into one --out (different jobs) would each rewrite results.jsonl with their own
+    records: the second is refused in one line while the first holds the folder's lock, and writes nothing."""
+    for name, prompt in (("a.txt", "cat"), ("b.txt", "dog")):
+        (tmp_path / name).write_text(prompt + "\n")
+    out = tmp_path / "out"
+    with open(tmp_path / "log", "wb") as log:
+        first = subprocess.Popen(_command("batch", tmp_path / "a.txt", "--model", model_dir, "-W", "64", "-H", "64",
+                                          "--steps", "1000", "--cfg", "1", "-o", out), stderr=log,
+                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
+        try:
+            deadline = time.monotonic() + 240
+            while not (out / RESULTS).is_file() or not _held(out):  # the first's records begin
+                assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "log").read_text()
+                time.sleep(0.02)
+            second = run_cli("batch", tmp_path / "b.txt", "--model", model_dir, *FAST, "-o", out)
+            assert second.code == 1 and len(second.err.strip().splitlines()) == 1, second.err
+            assert f"another anima-rknn run is writing into {out}" in second.err
+            assert (out / RESULTS).read_text() == "" and not list(out.glob("*.png"))  # the first's job still runs
+        finally:
+            first.send_signal(signal.SIGKILL)
+            first.wait(timeout=60)
 
 
 def test_a_failed_job_is_recorded_the_rest_done_and_retried_next_time(run_cli, model_dir, tmp_path, one_thread):
