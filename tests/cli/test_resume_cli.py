@@ -39,7 +39,8 @@ def test_stop_then_resume_gives_the_uninterrupted_image(run_cli, model_dir, tmp_
     assert state.is_file() and not out.exists()
     # A new run to the same output must not throw the stopped one away.
     refused = run_cli("generate", "--model", model_dir, *RUN, "-o", out)
-    assert refused.code == 1 and "holds a stopped run: continue it with --resume" in refused.err
+    resume = shlex.join(["anima-rknn", "generate", "--model", str(model_dir), "--resume", str(state)])
+    assert refused.code == 1 and f"holds a stopped run: continue it with {resume}, or pass" in refused.err
     # Resuming with another setting given explicitly is refused, naming it.
     other = run_cli("generate", "--model", model_dir, "--resume", state, "--seed", "5")
     assert other.code == 1 and "made with seed 20260812, this run asks for 5" in other.err
