@@ -45,7 +45,6 @@ from urllib.parse import urlsplit
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from PIL import Image
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
@@ -56,7 +55,7 @@ from ..generation.params import REQUEST_FIELDS, GenerationParams, build, default
 from ..model.lora import LoraRef, named_lora
 from . import a1111, native, openai, page
 from .compare import NotReady
-from .jobs import Job, JobQueue, QueueFull
+from .jobs import ImageGone, Job, JobBusy, JobQueue, QueueFull, StoreError
 from .requests import (
     MAX_IMAGE_BODY_BYTES,
     BadRequest,
@@ -96,6 +95,13 @@ def _address(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return ipaddress.ip_address(name)
     except ValueError:
         return None
+
+
+def _error_status(e: AnimaError) -> int:
+    """The HTTP status of a refusal that reaches the app's handler: 4xx for the request, 5xx for the store."""
+    if isinstance(e, StoreError):
+        return e.status  # 507: a full disk, 503: a store made read-only under the server
+    return {QueueFull: 429, ImageGone: 410, JobBusy: 409}.get(type(e), 400)
 
 
 def _kind_details(kind: str) -> dict[str, Any]:
@@ -225,7 +231,7 @@ class Server:
         return jobs
 
     def _png_b64(self, job: Job) -> str:
-        return base64.b64encode(self.queue.image_path(job).read_bytes()).decode()
+        return base64.b64encode(self.queue.read_image(job)).decode()  # a plain file of the data folder only
 
     # ---- the app ------------------------------------------------------------------------------------------
 
@@ -291,7 +297,7 @@ class Server:
         # Starlette answers with the handler of the nearest class in the error's MRO: NotReady, an AnimaError, is a 409.
         @app.exception_handler(AnimaError)
         async def anima_error(request: Request, e: AnimaError) -> JSONResponse:
-            return error_answer(request, str(e), 429 if isinstance(e, QueueFull) else 400)
+            return error_answer(request, str(e), _error_status(e))
 
         @app.exception_handler(RequestValidationError)
         async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
@@ -335,10 +341,3 @@ class Server:
         for family in (a1111, openai, native, page):
             app.include_router(family.routes(self))
         return app
-
-    def _infotext(self, job: Job) -> str:
-        """The `parameters` text of the job's PNG (the publisher wrote it), which alone knows what ran (computed
-        steps, the VAE backend auto chose, the error estimate)."""
-        with Image.open(self.queue.image_path(job)) as image:
-            text = image.info.get("parameters")
-        return text if isinstance(text, str) else ""

@@ -234,6 +234,8 @@ def test_a_full_disk_refuses_a_submission_with_507_and_a_finishing_job_fails_in_
             assert queue.count() == before and queue.position  # nothing was queued
             code, answer = call(f"{url}/sdapi/v1/txt2img", {"prompt": "a cat", **SMALL})
             assert code == 507, answer
+            code, answer = call(f"{url}/v1/images/generations", {"prompt": "a cat", "size": "64x64"})
+            assert code == 507 and "disk is full" in answer["error"]["message"], answer  # OpenAI's shape
             # A job stored while there was room, finishing on a full disk: it fails, the worker lives on.
             filler.write_bytes(b"")
             stored = queue.submit(build({"prompt": "a cat", **SMALL, "seed": 2}))
