@@ -115,6 +115,10 @@ def test_generate_on_the_simulator_computes_the_same_steps_as_torch(run_cli, mod
         images[backend] = np.asarray(Image.open(out), dtype=np.float64)
     torch_run, rknn_run = reports["torch"], reports["rknn"]
     assert rknn_run["finite"] is True and rknn_run["backend"] == "rknn"
+    assert rknn_run["dtype"] == "fp16"  # what ran: the NPU's fp16, whatever --dtype (auto) chose for torch
+    parameters = Image.open(tmp_path / "rknn.png").info["parameters"]
+    assert "Dtype: fp16" in parameters and "Backend: rknn" in parameters
+    assert f"VAE backend: {rknn_run['vae_backend']}" in parameters and f"Threads: {rknn_run['threads']}" in parameters
     assert rknn_run["computed_steps"] == torch_run["computed_steps"] == [1, 2, 3, 4, 6, 8, 11, 14, 18, 19, 20]
     assert rknn_run["skipped_steps"] == torch_run["skipped_steps"] and rknn_run["recomputed_steps"] == []
     assert rknn_run["transformer_passes"] == torch_run["transformer_passes"] == 22
