@@ -141,6 +141,7 @@ def test_the_same_seed_at_other_threads_is_reported_with_its_threads(pipeline, r
     2; the demo model's did too, benchmarks/threads.py), so the PNG and the record say which ran."""
     two = pipeline.generate(dataclasses.replace(PARAMS, threads=2))
     assert torch.get_num_threads() == 2  # the run set torch's threads to its own
+    torch.set_num_threads(1)  # back to the module's one thread
     assert two.summary(None)["threads"] == 2 and "Threads: 2" in fields(png_parameters(two.params, two.model, two))
     assert result.summary(None)["threads"] == 1
     assert two.summary(None) | {"threads": 1, "timings": None} == result.summary(None) | {"timings": None}
