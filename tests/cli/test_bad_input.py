@@ -358,7 +358,8 @@ def test_a_signal_mid_run_stops_after_the_step_and_leaves_only_its_state(model_d
     text = (tmp_path / "log.txt").read_text()
     assert code == 128 + signum, text
     assert "Traceback" not in text
-    assert f"resume with: anima-rknn generate --resume {out_dir / 'x.png.state'}" in text.splitlines()[-1]
+    assert (f"resume with: anima-rknn generate --model {model_dir} --resume {out_dir / 'x.png.state'}"
+            in text.splitlines()[-1])
     assert snapshot(out_dir).keys() == {*before, "x.png.state"}  # no PNG, no temporary: just the state
 
 
