@@ -336,7 +336,9 @@ class JobQueue:
             if self.current is not None:
                 self.current.cancel.set()
             self._lock.notify_all()
-        self._worker.join(timeout=60)
+        # No timeout: the running job stops at its next step boundary and writes its state, however long a step
+        # takes; a process that left with the worker still inside torch would abort (SIGABRT) and lose the state.
+        self._worker.join()
 
     def submit(self, params: GenerationParams) -> Job:
         return self.submit_all([params])[0]
