@@ -53,6 +53,8 @@ def test_ray_workers_make_the_local_images(tiny_set, sweep, tmp_path):
     assert [r["job"] for r in records] == [j.id for j in jobs]
     assert {j.id: (tmp_path / "out" / j.image).read_bytes() for j in jobs} == images
     assert all(r["worker"] != "?" and r["finite"] for r in records)
+    # Each ran on its job's threads (the driver's, in its id), not on the actor's OMP_NUM_THREADS=1 from Ray.
+    assert [r["threads"] for r in records] == [j.params.threads for j in jobs] and jobs[0].params.threads >= 1
 
 
 def test_a_worker_killed_mid_job_costs_a_retry_not_a_job(tiny_set, sweep, tmp_path):
