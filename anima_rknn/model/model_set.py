@@ -9,6 +9,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from ..core import files
+from ..core.tensorfile import read_shapes
 from ..errors import AnimaError
 
 HUB_REPO = "circlestone-labs/Anima"
@@ -27,7 +28,14 @@ LAYOUT = {
     "t5_tokenizer": "tokenizers/t5",
 }
 
+# The tensors whose widths meet, by the end of their names (the files' prefixes vary: net., model., none).
+_ADAPTER_SOURCE = "llm_adapter.blocks.0.cross_attn.k_proj.weight"
+_TEXT_EMBEDDING = "embed_tokens.weight"
 DEMO_MODEL = Path(__file__).resolve().parents[1] / "demo_model"  # shipped in the package (see anima_rknn.demo)
+
+
+def _shape_ending(shapes: dict[str, tuple[int, ...]], suffix: str) -> tuple[int, ...] | None:
+    return next((shape for name, shape in shapes.items() if name == suffix or name.endswith("." + suffix)), None)
 
 
 def demo_model_dir() -> Path:
@@ -54,7 +62,22 @@ class ModelFiles:
             path = getattr(self, field)
             if not (path / "tokenizer.json").is_file():
                 raise AnimaError(f"{field.replace('_', ' ')}: no tokenizer.json in {path}")
+        self._check_text_width()
         return self
+
+    def _check_text_width(self) -> None:
+        """The DiT's LLM adapter reads the text encoder's hidden states: their widths must agree, checked on the
+        headers now rather than as a matrix-shape error after both models load. A file whose header lacks the
+        tensors is left to its loader, which names what is wrong with it."""
+        try:
+            dit = _shape_ending(read_shapes(self.dit, "DiT"), _ADAPTER_SOURCE)
+            text = _shape_ending(read_shapes(self.text_encoder, "text encoder"), _TEXT_EMBEDDING)
+        except AnimaError:
+            return
+        if dit is None or text is None or len(dit) != 2 or len(text) != 2 or dit[1] == text[1]:
+            return
+        raise AnimaError(f"the DiT and the text encoder are not parts of one model: {self.dit.name}'s LLM adapter "
+                         f"reads {dit[1]}-wide text states, {self.text_encoder.name} makes {text[1]}-wide ones")
 
 
 def single_safetensors(folder: Path, what: str) -> Path:

@@ -32,6 +32,18 @@ def test_nothing_given_is_the_shipped_demo_model():
     assert files.dit.parent.name == "diffusion_models" and "demo_model" in str(files.dit)
 
 
+@pytest.mark.parametrize("swapped", ["dit", "text_encoder"])
+def test_a_dit_and_a_text_encoder_of_two_models_are_refused_naming_both(tiny_set, swapped):
+    """The demo model's part with the tiny set's others: the adapter's width is checked on the headers, before
+    any model loads (not "mat1 and mat2 shapes cannot be multiplied" after both did)."""
+    demo = resolve(None)
+    parts = {"dit": tiny_set.dit, "text_encoder": tiny_set.text_encoder, swapped: getattr(demo, swapped)}
+    with pytest.raises(AnimaError, match="not parts of one model") as refused:
+        resolve(tiny_set.dit.parents[2], **parts)
+    assert parts["dit"].name in str(refused.value) and parts["text_encoder"].name in str(refused.value)
+    assert "128-wide" in str(refused.value) and "64-wide" in str(refused.value)
+
+
 def test_some_files_given_names_the_missing_flags(tiny_set):
     with pytest.raises(AnimaError, match="--text-encoder --vae --qwen-tokenizer --t5-tokenizer"):
         resolve(None, dit=tiny_set.dit)
