@@ -108,6 +108,13 @@ class AnimaPipeline:
         qwen3_config_from_shapes(read_shapes(files.text_encoder, "text encoder"))
         self.vae_config = read_vae_config(files.vae)
         self.tokenizer = PromptTokenizer.from_dirs(files.qwen_tokenizer, files.t5_tokenizer)
+        # The adapter embeds T5 ids in a table of t5_vocab rows: a tokenizer that can make an id past it belongs to
+        # another model, and would fail as an index error in the middle of a run.
+        top = max(self.tokenizer.t5.get_vocab(with_added_tokens=True).values(), default=0)
+        if top >= self.dit_config.t5_vocab:
+            raise AnimaError(f"the T5 tokenizer {files.t5_tokenizer / 'tokenizer.json'} makes ids up to {top}, but "
+                             f"the LLM adapter of {files.dit.name} embeds {self.dit_config.t5_vocab}: they are not "
+                             "parts of one model")
         self.keep_dit = keep_dit  # the bench runs several denoise passes on one loaded DiT
         self._dit = None
         self._dit_key: tuple | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import struct
@@ -127,6 +128,20 @@ TOKENIZER_CASES = {
     "a JSON list": (lambda path: path.write_text("[]"), "cannot read Qwen tokenizer"),
     "huge": (lambda path: open(path, "wb").truncate(65 * 2**20), "larger than 64 MiB"),  # sparse: nothing written
 }
+
+
+def test_a_t5_tokenizer_with_ids_past_the_adapters_table_is_one_line(run_cli, model_dir, tiny_set, tmp_path):
+    """A T5 tokenizer of another model (a word mapped past the adapter's embedding rows): refused when the
+    pipeline opens, naming the tokenizer file, not an IndexError once the prompt is embedded."""
+    folder = tmp_path / "t5"
+    shutil.copytree(tiny_set.t5_tokenizer, folder)
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    word = next(w for w, i in tokenizer["model"]["vocab"].items() if i > 2)  # an ordinary word, not a special
+    tokenizer["model"]["vocab"][word] = 100_000
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    out = tmp_path / "x.png"
+    result = run_cli("generate", "--model", model_dir, "--t5-tokenizer", folder, *FAST, "-o", out)
+    _assert_refused(result, folder / "tokenizer.json", "makes ids up to 100000, but the LLM adapter", out)
 
 
 @pytest.mark.parametrize("case", TOKENIZER_CASES)
