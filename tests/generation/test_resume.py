@@ -155,7 +155,9 @@ def test_other_model_files_are_refused(tiny_set, state_file, tmp_path, part):
     assert fingerprint(copy, "model") != fingerprint(path, "model")
     other = AnimaPipeline(dataclasses.replace(tiny_set, **{part: copy}))
     with pytest.raises(AnimaError, match=f"made with another {part.replace('_', ' ')} file"):
-        other.generate(dataclasses.replace(BASE, cache="spectrum"), resume=read_state(state_file))
+        # threads=1 as the state was made (state_file's one_thread): a refused run at other threads may leave
+        # torch's count changed, and these tests are about the files, not the threads.
+        other.generate(dataclasses.replace(BASE, cache="spectrum", threads=1), resume=read_state(state_file))
 
 
 def _rewrite(state_file, tmp_path, edit_record=None, edit_tensors=None):
@@ -197,7 +199,7 @@ def test_damaged_states_are_refused(pipeline, state_file, tmp_path, case):
     edit_record, edit_tensors, pattern = BAD_STATES[case]
     path = _rewrite(state_file, tmp_path, edit_record, edit_tensors)
     with pytest.raises(AnimaError, match=pattern):
-        pipeline.generate(dataclasses.replace(BASE, cache="spectrum"), resume=read_state(path))
+        pipeline.generate(dataclasses.replace(BASE, cache="spectrum", threads=1), resume=read_state(path))
 
 
 def test_truncated_and_planted_states_are_refused(state_file, tmp_path):
