@@ -349,16 +349,18 @@ def _size(limit: int) -> str:
                 if limit >> shift and not limit & ((1 << shift) - 1))
 
 
-def read_small_file(path: str | os.PathLike, limit: int) -> bytes:
+def read_small_file(path: str | os.PathLike, limit: int, *, no_links: bool = False) -> bytes:
     """The bytes of a small file a user may have been handed (a manifest, a state, a tokenizer): a regular file
-    of at most `limit` bytes, never more read (a FIFO or a 16 GiB sparse file is not waited on or loaded)."""
+    of at most `limit` bytes, never more read (a FIFO or a 16 GiB sparse file is not waited on or loaded).
+    `no_links`: a file that is a link, symbolic or hard (another name of a file elsewhere), is refused too."""
     try:
         # Non-blocking, then checked on the open file: a FIFO swapped in after a look would block a plain open.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (os.O_NOFOLLOW if no_links else 0))
     except OSError as e:
-        raise Unreadable("not a regular file" if e.errno in (errno.ENOENT, errno.EISDIR, errno.ENXIO)
+        raise Unreadable("not a regular file" if e.errno in (errno.ENOENT, errno.EISDIR, errno.ENXIO, errno.ELOOP)
                          else f"cannot read it: {e.strerror or e}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    found = os.fstat(fd)
+    if not stat.S_ISREG(found.st_mode) or (no_links and found.st_nlink != 1):
         os.close(fd)
         raise Unreadable("not a regular file")
     with os.fdopen(fd, "rb") as f:

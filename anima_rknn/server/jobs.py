@@ -25,7 +25,6 @@ import os
 import re
 import secrets
 import sqlite3
-import stat
 import threading
 import time
 from collections import deque
@@ -412,19 +411,10 @@ class JobQueue:
         if path.parent.resolve() != self.data_dir.resolve():
             raise gone
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
+            data = read_small_file(path, MAX_PNG_BYTES, no_links=True)
+        except Unreadable:
             raise gone from None
-        found = os.fstat(fd)
-        if not stat.S_ISREG(found.st_mode) or found.st_nlink != 1:
-            os.close(fd)
-            raise gone
-        with os.fdopen(fd, "rb") as file:
-            try:
-                data = file.read(MAX_PNG_BYTES + 1)
-            except OSError:
-                raise gone from None
-        if len(data) > MAX_PNG_BYTES or not data.startswith(PNG_SIGNATURE):
+        if not data.startswith(PNG_SIGNATURE):
             raise gone
         return data
 

@@ -10,7 +10,15 @@ import threading
 import pytest
 
 from anima_rknn.core import files
-from anima_rknn.core.files import atomic_path, check_output_file, json_text, output_folder, write_json
+from anima_rknn.core.files import (
+    Unreadable,
+    atomic_path,
+    check_output_file,
+    json_text,
+    output_folder,
+    read_small_file,
+    write_json,
+)
 from anima_rknn.errors import AnimaError
 
 
@@ -174,3 +182,18 @@ def test_an_exclusive_lock_admits_one_holder_at_a_time(tmp_path):
     for thread in threads:
         thread.join()
     assert overlaps == [1, 1, 1, 1]
+
+
+def test_a_small_file_read_without_links_refuses_symbolic_and_hard_ones(tmp_path):
+    """no_links: only a file under its one name is read (a served job PNG must not be another file's name)."""
+    plain = tmp_path / "plain.png"
+    plain.write_bytes(b"data")
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"secret")
+    (tmp_path / "symbolic.png").symlink_to(outside)
+    os.link(outside, tmp_path / "hard.png")
+    assert read_small_file(plain, 16, no_links=True) == b"data"
+    for name in ("symbolic.png", "hard.png"):
+        assert read_small_file(tmp_path / name, 16) == b"secret"  # a plain read follows them
+        with pytest.raises(Unreadable, match="not a regular file"):
+            read_small_file(tmp_path / name, 16, no_links=True)
