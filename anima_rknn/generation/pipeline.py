@@ -8,8 +8,10 @@ prints.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,6 +76,18 @@ def pass_seed(seed: int, stream: int) -> int:
     """The sampler noise's key of a pass: the seed for the first, apart from it (above every seed) for the
     hires pass, so the two passes never draw the same noise at the same step."""
     return seed | (stream << 64)
+
+
+@contextlib.contextmanager
+def threads_kept_if_refused() -> Iterator[None]:
+    """Torch's threads put back as they were when the block raises: a run refused before it starts (a bad
+    setting, a resume state of another run) leaves the caller's process as it found it."""
+    before = torch.get_num_threads()
+    try:
+        yield
+    except BaseException:
+        use_threads(before)
+        raise
 
 
 @dataclasses.dataclass
@@ -298,7 +312,11 @@ class AnimaPipeline:
         params.validate()
         if params.threads is None:
             params.threads = torch.get_num_threads()
-        use_threads(params.threads)
+        with threads_kept_if_refused():
+            use_threads(params.threads)  # now: the VAE probe below runs on them
+            return self._prepare(params)
+
+    def _prepare(self, params: GenerationParams) -> DecodePlan:
         loras = [lora.identity() for lora in self.open_loras(params.loras, params.lora_ignore_unmatched)]
         passes = params.passes()
         for index, denoise_pass in enumerate(passes):
@@ -369,14 +387,13 @@ class AnimaPipeline:
         made with these settings, images and model files."""
         if not isinstance(params, GenerationParams):
             raise AnimaError("generate takes a GenerationParams")
-        plan = self.prepare(params)
-        fingerprints = self.fingerprints(params) if checkpoints is not None or resume is not None else None
-        if resume is not None:
-            resume.check_settings(params)
-            resume.check_model(fingerprints, (1, self.dit_config.context_tokens, self.dit_config.context_dim))
-            conditioning = resume.conditioning
-        else:
-            conditioning = self._encode_once(params)
+        with threads_kept_if_refused():  # prepare()'s threads, taken back when the resume state is refused
+            plan = self.prepare(params)
+            fingerprints = self.fingerprints(params) if checkpoints is not None or resume is not None else None
+            if resume is not None:
+                resume.check_settings(params)
+                resume.check_model(fingerprints, (1, self.dit_config.context_tokens, self.dit_config.context_dim))
+        conditioning = resume.conditioning if resume is not None else self._encode_once(params)
         if checkpoints is not None:
             checkpoints.stop_before_denoising(params.steps)
         rendered = self.render(conditioning, params, plan, on_step, checkpoints=checkpoints,

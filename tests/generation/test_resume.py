@@ -9,6 +9,7 @@ import pickle
 
 import numpy as np
 import pytest
+import torch
 
 from anima_rknn.core.tensorfile import fingerprint, load_tensors, read_metadata, save_tensors
 from anima_rknn.errors import AnimaError
@@ -144,6 +145,14 @@ def test_other_settings_are_refused(pipeline, state_file, change, pattern):
         pipeline.generate(params, resume=read_state(state_file))
 
 
+def test_a_refused_resume_leaves_torchs_threads_as_they_were(pipeline, state_file, one_thread):
+    """prepare() sets torch to the run's threads before the state is checked: the refusal must set them back."""
+    assert torch.get_num_threads() == 1  # as the state was made
+    with pytest.raises(AnimaError, match="made with threads 1, this run asks for 2"):
+        pipeline.generate(dataclasses.replace(BASE, cache="spectrum", threads=2), resume=read_state(state_file))
+    assert torch.get_num_threads() == 1
+
+
 @pytest.mark.parametrize("part", ["dit", "text_encoder", "vae"])
 def test_other_model_files_are_refused(tiny_set, state_file, tmp_path, part):
     path = getattr(tiny_set, part)
@@ -155,8 +164,8 @@ def test_other_model_files_are_refused(tiny_set, state_file, tmp_path, part):
     assert fingerprint(copy, "model") != fingerprint(path, "model")
     other = AnimaPipeline(dataclasses.replace(tiny_set, **{part: copy}))
     with pytest.raises(AnimaError, match=f"made with another {part.replace('_', ' ')} file"):
-        # threads=1 as the state was made (state_file's one_thread): a refused run at other threads may leave
-        # torch's count changed, and these tests are about the files, not the threads.
+        # threads=1 as the state was made (state_file's one_thread): these tests are about the files, and the
+        # threads are checked first.
         other.generate(dataclasses.replace(BASE, cache="spectrum", threads=1), resume=read_state(state_file))
 
 
