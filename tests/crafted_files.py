@@ -43,3 +43,32 @@ def planted_pickle(marker: Path, protocol: int = pickle.HIGHEST_PROTOCOL) -> byt
     """A pickle (of a dict, as torch.save writes) whose loading creates `marker`: a reader that unpickles
     leaves that file behind."""
     return pickle.dumps({"state_dict": _Plant(marker)}, protocol=protocol)
+
+
+def tokenizer_with(source: Path, target: Path, **steps: object) -> Path:
+    """The tokenizer.json `source` with its top-level steps (normalizer, pre_tokenizer, ...) replaced, written to
+    `target`."""
+    tokenizer = json.loads(source.read_text("utf-8"))
+    tokenizer.update(steps)
+    target.write_text(json.dumps(tokenizer), "utf-8")
+    return target
+
+
+def replace(pattern: str, content: str, regex: bool = False) -> dict:
+    """A Replace normaliser step, as tokenizer.json spells it."""
+    return {"type": "Replace", "pattern": {"Regex" if regex else "String": pattern}, "content": content}
+
+
+def growing_normalizer(copies: int = 100_000) -> dict:
+    """Each "a" becomes `copies` of it: about 5 MB of the tokenizer's memory per letter of a prompt at 100,000."""
+    return {"type": "Sequence", "normalizers": [{"type": "Lowercase"}, replace("a", "a" * copies)]}
+
+
+def doubling_normalizers(count: int) -> dict:
+    """`count` chained Replaces that each double the a's: 2**count letters per "a"."""
+    return {"type": "Sequence", "normalizers": [replace("a", "aa") for _ in range(count)]}
+
+
+def split_by(regex: str) -> dict:
+    """A pre-tokeniser that splits on `regex` (Oniguruma syntax), its matches kept as pieces."""
+    return {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False}

@@ -9,7 +9,7 @@ import struct
 
 import pytest
 import torch
-from crafted_files import edited, planted_pickle
+from crafted_files import edited, growing_normalizer, planted_pickle, split_by, tokenizer_with
 
 from anima_rknn.core.tensorfile import load_tensors, read_metadata, save_tensors
 
@@ -127,6 +127,11 @@ TOKENIZER_CASES = {
     "not json": (lambda path: path.write_text('{"model": '), "cannot read Qwen tokenizer"),
     "a JSON list": (lambda path: path.write_text("[]"), "cannot read Qwen tokenizer"),
     "huge": (lambda path: open(path, "wb").truncate(65 * 2**20), "larger than 64 MiB"),  # sparse: nothing written
+    # Refused from the file's JSON when the pipeline opens, before a prompt could make them cost memory or time.
+    "a normalizer that grows the text": (lambda path: tokenizer_with(path, path, normalizer=growing_normalizer()),
+                                         "can make a prompt up to 3e\\+05 times longer; at most 128"),
+    "a regex that backtracks": (lambda path: tokenizer_with(path, path, pre_tokenizer=split_by("(a+)+$")),
+                                "repeats a repeated or alternating group"),
 }
 
 
@@ -142,6 +147,18 @@ def test_a_t5_tokenizer_with_ids_past_the_adapters_table_is_one_line(run_cli, mo
     out = tmp_path / "x.png"
     result = run_cli("generate", "--model", model_dir, "--t5-tokenizer", folder, *FAST, "-o", out)
     _assert_refused(result, folder / "tokenizer.json", "makes ids up to 100000, but the LLM adapter", out)
+
+
+def test_a_tokenizer_regex_that_gives_up_on_the_prompt_is_one_line(run_cli, model_dir, tiny_set, tmp_path):
+    """A regex that passes the load check but that Oniguruma gives up on for this prompt (a Rust panic, not an
+    Exception): one line naming the file, before the text encoder loads."""
+    folder = tmp_path / "qwen"
+    shutil.copytree(tiny_set.qwen_tokenizer, folder)
+    tokenizer_with(folder / "tokenizer.json", folder / "tokenizer.json", pre_tokenizer=split_by("a*a*a*a*a*a*\\d"))
+    out = tmp_path / "x.png"
+    result = run_cli("generate", "--model", model_dir, "--qwen-tokenizer", folder, "-p", "a" * 100, "-W", "64",
+                     "-H", "64", "--steps", "1", "-o", out)
+    _assert_refused(result, folder / "tokenizer.json", "failed on this prompt: Onig: .*retry-limit-in-match", out)
 
 
 @pytest.mark.parametrize("case", TOKENIZER_CASES)

@@ -4,10 +4,11 @@ import json
 from pathlib import Path
 
 import pytest
+from crafted_files import doubling_normalizers, growing_normalizer, replace, split_by, tokenizer_with
 from transformers import PreTrainedTokenizerFast
 
 from anima_rknn.errors import AnimaError
-from anima_rknn.text.tokenizers import PromptTokenizer, build_word_tokenizers
+from anima_rknn.text.tokenizers import MAX_NORMALIZED_CHARS, MAX_TEXT_GROWTH, PromptTokenizer, build_word_tokenizers
 
 TOKENIZER_DATA = Path(__file__).resolve().parents[1] / "data" / "tokenizers"
 CASES = json.loads((TOKENIZER_DATA / "test_vectors.json").read_text("utf-8"))["cases"]
@@ -118,3 +119,63 @@ def test_word_tokenizer_rejects_bad_words(tmp_path: Path, word: str) -> None:
     with pytest.raises(AnimaError, match="tokenizer word"):
         build_word_tokenizers(["cat", word], tmp_path / "qwen", tmp_path / "t5")
     assert not (tmp_path / "qwen").exists()
+
+
+def test_the_real_tokenizers_growth_is_within_the_bound(real: PromptTokenizer) -> None:
+    # The bound each real file comes to (tokenizers.py says how); the limit must keep both.
+    assert real.growth == 75 <= MAX_TEXT_GROWTH
+    # The settings' longest prompt (20,000 characters) fits, and tokenises in far fewer ids than characters.
+    assert len(real.encode("a red cat, " * 1818).qwen_ids) < 20_000
+
+
+HOSTILE_STEPS = {
+    # The issue's normaliser: about 5 MB of memory per prompt letter, 100 GB for a 20,000-letter prompt.
+    "a huge Replace": ({"normalizer": growing_normalizer()}, "can make a prompt up to 3e\\+05 times longer"),
+    "eight chained doublings": ({"normalizer": doubling_normalizers(8)}, "up to 256 times longer"),
+    "a Replace of what matches an empty regex": ({"normalizer": replace("x*", "y" * 200, regex=True)},
+                                                 "up to 401 times longer"),
+    "a Prepend of 200 characters": ({"normalizer": {"type": "Prepend", "prepend": "y" * 200}},
+                                    "up to 201 times longer"),
+    "a nested repetition": ({"pre_tokenizer": split_by("(a+)+$")}, "repeats a repeated or alternating group"),
+    "a repeated alternation in a Replace": ({"normalizer": replace("(a|aa)*b", "", regex=True)},
+                                            "repeats a repeated or alternating group"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE_STEPS)
+def test_a_tokenizer_that_grows_or_backtracks_is_refused_at_load(small, case: str) -> None:
+    _, folder = small
+    steps, pattern = HOSTILE_STEPS[case]
+    bad = tokenizer_with(folder / "qwen" / "tokenizer.json", folder / "qwen" / "tokenizer.json", **steps)
+    with pytest.raises(AnimaError, match=f"^the Qwen tokenizer {bad}: .*{pattern}"):
+        PromptTokenizer.from_dirs(folder / "qwen", folder / "t5")
+
+
+def test_five_chained_doublings_are_still_accepted(small) -> None:
+    # 32 times per letter is within the bound: the rule refuses growth, not Replaces.
+    _, folder = small
+    tokenizer_with(folder / "t5" / "tokenizer.json", folder / "t5" / "tokenizer.json",
+                   normalizer=doubling_normalizers(5))
+    tokens = PromptTokenizer.from_dirs(folder / "qwen", folder / "t5").encode("red a")
+    assert tokens.t5_ids == [5, 2, 1]  # red, then "a" * 32 (one unknown word), then </s>
+
+
+def test_a_regex_that_backtracks_past_the_limit_is_one_error_naming_the_file(small) -> None:
+    # Polynomial, not nested, so it passes the load check; Oniguruma gives up on 100 letters, a Rust panic
+    # (pyo3's PanicException, a BaseException) that must come out as the one AnimaError.
+    _, folder = small
+    bad = tokenizer_with(folder / "t5" / "tokenizer.json", folder / "t5" / "tokenizer.json",
+                         pre_tokenizer={"type": "Sequence",
+                                        "pretokenizers": [{"type": "Whitespace"}, split_by("a*a*a*a*a*a*\\d")]})
+    tokenizer = PromptTokenizer.from_dirs(folder / "qwen", folder / "t5")
+    assert tokenizer.encode("a cat").t5_ids == [3, 4, 1]  # a short prompt still tokenises
+    with pytest.raises(AnimaError, match=f"^the T5 tokenizer {bad} failed on this prompt: .*retry-limit-in-match"):
+        tokenizer.encode("a" * 100)
+
+
+def test_a_prompt_past_what_the_tokenizers_may_grow_to_is_refused(small) -> None:
+    tokenizer, _ = small
+    most = int(MAX_NORMALIZED_CHARS // tokenizer.growth) - 1  # the demo's lower-casing grows 3 times at most
+    with pytest.raises(AnimaError, match=f"^the prompt has {most + 1} characters; these tokenizers take at most "
+                                         f"{most}$"):
+        tokenizer.encode("c" * (most + 1))
