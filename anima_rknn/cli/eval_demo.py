@@ -23,7 +23,7 @@ from ..generation.params import resolve_seed
 from ..model.lora import parse_lora_option
 from ..sampling.caches import CACHE_NAMES
 from .group import cli
-from .options import FINITE, lora_file_options
+from .options import FINITE, lora_file_options, threads_option
 
 
 @cli.command("eval-demo")
@@ -36,21 +36,25 @@ from .options import FINITE, lora_file_options
 @lora_file_options
 @click.option("--steps", type=int, default=20, show_default=True)
 @click.option("--cfg", type=FINITE, default=4.0, show_default=True)
-@click.option("--seed", type=int, default=1000, show_default=True, help="Prompt i uses seed + i; -1 draws the first at random.")
+@click.option("--seed", type=int, default=1000, show_default=True,
+              help="Prompt i uses seed + i; -1 draws the first at random.")
 @click.option("--cache", type=click.Choice(CACHE_NAMES), default="none", show_default=True)
+@threads_option
 @click.option("--sheet", type=click.Path(dir_okay=False), default="demo_sheet.png", show_default=True,
               help="Contact sheet PNG with every picture and its prompt.")
 @click.option("--overwrite", is_flag=True, help="Replace --sheet if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Also print the scores as one JSON object.")
 def eval_demo(model: str | None, count: int, concept: str, lora: tuple[str, ...], lora_ignore_unmatched: bool,
-              steps: int, cfg: float, seed: int, cache: str, sheet: str, overwrite: bool, as_json: bool) -> None:
+              steps: int, cfg: float, seed: int, cache: str, threads: int, sheet: str, overwrite: bool,
+              as_json: bool) -> None:
     """Score how well the demo model follows its prompts (background, shape colour, position, shape, size)."""
     sheet_path = check_output_file(sheet, overwrite=overwrite, suffixes=(".png",))  # before minutes of work
     specs = prompt_set(count, concept=concept)
     loras = [parse_lora_option(text) for text in lora]
     model_dir = Path(model) if model else demo_model_dir()
     images = generate_images(model_dir, specs, steps=steps, cfg=cfg, seed=resolve_seed(seed), cache=cache,
-                             loras=loras, lora_ignore_unmatched=lora_ignore_unmatched, progress=True)
+                             loras=loras, lora_ignore_unmatched=lora_ignore_unmatched, threads=threads,
+                             progress=True)
     judged = judge(specs, images)
     click.echo(adherence_table(judged))
     save_png(contact_sheet(judged), sheet_path, overwrite=overwrite)

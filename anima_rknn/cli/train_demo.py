@@ -11,7 +11,7 @@ import click
 from ..demo.train import DemoConfig, train_demo
 from ..demo.train_lora import LoraTrainConfig, train_demo_lora
 from .group import cli
-from .options import FINITE
+from .options import FINITE, threads_option
 
 
 @cli.command("train-demo")
@@ -22,8 +22,7 @@ from .options import FINITE
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--vae-steps", type=int, default=None, help="Train the VAE this many steps instead of by time.")
 @click.option("--dit-steps", type=int, default=None, help="Train the DiT this many steps instead of by time.")
-@click.option("--threads", type=int, default=2, show_default=True,
-              help="Torch threads; 1 is faster on a machine busy with other jobs.")
+@threads_option
 @click.option("--overwrite", is_flag=True,
               help="Train into a folder holding other files (e.g. a make-tiny model set), replacing its model files.")
 def train_demo_command(out: str, minutes: float, seed: int, vae_steps: int | None, dit_steps: int | None,
@@ -47,11 +46,12 @@ def train_demo_command(out: str, minutes: float, seed: int, vae_steps: int | Non
 @click.option("--steps", type=int, default=None, help="Train this many steps instead of by time.")
 @click.option("--rank", type=int, default=LoraTrainConfig.rank, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@threads_option
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
 def train_demo_lora_command(out: str, model: str | None, minutes: float, steps: int | None, rank: int, seed: int,
-                            overwrite: bool) -> None:
-    """Train the demo LoRA: "large" shapes, a word the demo model never learned (one thread)."""
+                            threads: int, overwrite: bool) -> None:
+    """Train the demo LoRA: "large" shapes, a word the demo model never learned."""
     config = dataclasses.replace(LoraTrainConfig(), seed=seed, minutes=minutes, steps=steps, rank=rank)
-    r = train_demo_lora(Path(out), config, model=model, overwrite=overwrite)
+    r = train_demo_lora(Path(out), config, model=model, overwrite=overwrite, threads=threads)
     click.echo(f"lora: {r.steps} steps in {r.seconds / 60:.1f} min, loss {r.first_loss:.4f} -> {r.last_loss:.4f}")
     click.echo(f"wrote the LoRA to {out}")

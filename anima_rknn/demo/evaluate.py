@@ -135,16 +135,17 @@ class Judged:
 
 def generate_images(model_dir: str | os.PathLike, specs: Sequence[ShapeSpec], *, steps: int = 20, cfg: float = 4.0,
                     seed: int = 1000, cache: str = "none", loras: Sequence[LoraRef] = (),
-                    lora_ignore_unmatched: bool = False, pipeline: AnimaPipeline | None = None,
-                    progress: bool = False) -> list[np.ndarray]:
+                    lora_ignore_unmatched: bool = False, threads: int | None = None,
+                    pipeline: AnimaPipeline | None = None, progress: bool = False) -> list[np.ndarray]:
     """One image per prompt at the dataset's size; prompt i uses seed + i (a non-finite one comes back black);
-    `loras` merged into the DiT.
+    `loras` merged into the DiT; `threads` as GenerationParams' (torch's and ONNX Runtime's; None: as torch is).
 
     The settings are checked before the model loads; `progress` shows a bar on stderr from then on."""
     size = dataset.IMAGE_SIZE
     all_params = [GenerationParams(prompt=spec.caption, width=size, height=size, steps=steps, cfg=cfg,
                                    seed=seed + i, cache=cache, loras=list(loras),
-                                   lora_ignore_unmatched=lora_ignore_unmatched) for i, spec in enumerate(specs)]
+                                   lora_ignore_unmatched=lora_ignore_unmatched, threads=threads)
+                  for i, spec in enumerate(specs)]
     for params in all_params:
         params.validate()  # before the model loads
     pipeline = pipeline or AnimaPipeline(from_model_dir(model_dir), keep_dit=True)

@@ -20,9 +20,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..checks import is_integer, require
+from ..checks import check_int
 from ..core.files import check_name, held_folder, output_folder, write_json
 from ..core.tensorfile import load_tensors, read_metadata, save_tensors
+from ..core.threads import AUTO_THREADS, MAX_THREADS, resolve_threads, use_threads
 from ..errors import AnimaError
 from ..model.config import DiTConfig
 from ..model.dit import AnimaDiT
@@ -41,7 +42,6 @@ from .harness import (
     Range,
     Stage,
     StageResult,
-    brief_repr,
     build_config,
     check_resume,
     images_to_tensor,
@@ -271,17 +271,17 @@ def _write_text_side(out: Path, work: Path, config: DemoConfig, replace: Callabl
                       vae=out / LAYOUT["vae"] / VAE_FILE, qwen_tokenizer=qwen_dir, t5_tokenizer=t5_dir)
 
 
-def train_demo(out: str | Path, config: DemoConfig = DemoConfig(), threads: int = 2,
+def train_demo(out: str | Path, config: DemoConfig = DemoConfig(), threads: int = AUTO_THREADS,
                overwrite: bool = False) -> dict[str, StageResult]:
     """Train (or resume) the demo model set into `out` (model-directory layout; work files in out/.train).
 
     `out` must be new, empty, or hold this run's own interrupted work; `overwrite` allows a folder that holds
     anything else (its model files are then replaced).
 
-    On a machine shared with other jobs, threads=1 can be several times faster than 2 (no waiting on a
-    descheduled partner thread)."""
+    `threads`: torch's, as --threads everywhere (0: auto, core/threads.py). On a machine shared with other jobs,
+    threads=1 can be several times faster than 2 (no waiting on a descheduled partner thread)."""
     config.validate()
-    require(is_integer(threads) and threads >= 1, f"threads must be an integer >= 1, got {brief_repr(threads)}")
+    check_int("threads", threads, AUTO_THREADS, MAX_THREADS)
     out = check_name(out)  # before anything looks at it: a name too long is an OSError there
     holds = "a model set" if (out / "split_files").exists() else "other files"
     work = out / train_state.WORK_FOLDER
@@ -297,7 +297,7 @@ def train_demo(out: str | Path, config: DemoConfig = DemoConfig(), threads: int 
 
         work.mkdir(exist_ok=True)
         write_json(work / train_state.CONFIG_FILE, dataclasses.asdict(config), overwrite=True)
-        torch.set_num_threads(threads)
+        use_threads(resolve_threads(threads))
         files = _write_text_side(out, work, config, replace)
         t5_vocab = PromptTokenizer.from_dirs(files.qwen_tokenizer, files.t5_tokenizer).t5.get_vocab_size()
         config = dataclasses.replace(config, dit=dataclasses.replace(config.dit, t5_vocab=t5_vocab))

@@ -22,8 +22,10 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from ..checks import check_int
 from ..core.files import check_output_file, write_json
 from ..core.tensorfile import save_tensors
+from ..core.threads import AUTO_THREADS, MAX_THREADS, resolve_threads, use_threads
 from ..errors import AnimaError
 from ..model.io import load_dit
 from ..model.lora import kohya_tensors, linear_shapes
@@ -129,17 +131,19 @@ def concept_captions() -> list[str]:
 
 
 def train_demo_lora(out: str | Path, config: LoraTrainConfig = LoraTrainConfig(), model: str | Path | None = None,
-                    overwrite: bool = False) -> StageResult:
+                    overwrite: bool = False, threads: int = 1) -> StageResult:
     """Train (or resume) the demo LoRA into `out` (.safetensors, kohya layout) for the model set `model`
-    (default: the shipped demo model). Runs on one thread: the machines it is made on are shared."""
+    (default: the shipped demo model). `threads`: torch's, as --threads (0: auto); by default one, as the demo
+    LoRA was made: the machines it is made on are shared."""
     config.validate()
+    check_int("threads", threads, AUTO_THREADS, MAX_THREADS)
     out = check_output_file(out, overwrite=overwrite, suffixes=(".safetensors",))
     files = from_model_dir(Path(model) if model is not None else demo_model_dir())
     work = work_folder(out)
     check_resume(work, config, work, **_FOLDER)
     work.mkdir(exist_ok=True)
     write_json(work / train_state.CONFIG_FILE, dataclasses.asdict(config), overwrite=True)
-    torch.set_num_threads(1)
+    use_threads(resolve_threads(threads))
     pairs, result = _train(config, files, work)
     metadata = {"ss_network_module": "networks.lora", "ss_network_dim": str(config.rank),
                 "ss_network_alpha": str(config.rank), META_KEY: json.dumps(dataclasses.asdict(config)),

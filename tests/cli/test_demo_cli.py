@@ -9,8 +9,10 @@ import pickle
 from pathlib import Path
 
 import pytest
+import torch
 from PIL import Image
 
+from anima_rknn.core import threads as thread_counts
 from anima_rknn.core.files import sha256_file, write_json
 from anima_rknn.demo.state import CONFIG_FILE, DIT_STATE, LATENTS, VAE_STATE, WORK_FOLDER
 from anima_rknn.demo.train import DemoConfig
@@ -94,7 +96,7 @@ def test_overwrite_lets_train_demo_into_a_folder_it_did_not_make(run_cli, tmp_pa
     assert_refused(run_cli("train-demo", "--out", out, *STEPS, "--overwrite"), str(old))
 
 
-@pytest.mark.parametrize("option", [("--minutes", "0"), ("--minutes", "-1"), ("--threads", "0"),
+@pytest.mark.parametrize("option", [("--minutes", "0"), ("--minutes", "-1"), ("--threads", "-1"),
                                     ("--vae-steps", "0"), ("--dit-steps", "-3"), ("--seed", "-1")])
 def test_bad_options_stop_before_the_folder_is_made(option, run_cli, tmp_path) -> None:
     out = tmp_path / "new"
@@ -136,7 +138,8 @@ def test_eval_demo_checks_its_options_before_generating(option, message, run_cli
     assert not sheet.exists()
 
 
-def test_eval_demo_writes_a_sheet_and_replaces_it_only_with_overwrite(run_cli, tmp_path) -> None:
+def test_eval_demo_writes_a_sheet_and_replaces_it_only_with_overwrite(run_cli, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(thread_counts, "_auto", lambda: 1)  # --threads 0, the default: auto, named one thread here
     sheet = tmp_path / "sheet.png"
     first = run_cli("eval-demo", *FAST, "--sheet", sheet, "--json")
     assert first.code == 0, first.err
@@ -146,6 +149,8 @@ def test_eval_demo_writes_a_sheet_and_replaces_it_only_with_overwrite(run_cli, t
     written = sha256_file(sheet)
     assert_refused(run_cli("eval-demo", *FAST, "--sheet", sheet), "--overwrite")
     assert sha256_file(sheet) == written
-    again = run_cli("eval-demo", *FAST, "--seed", "7", "--sheet", sheet, "--overwrite")
+    torch.set_num_threads(2)  # the run sets torch to its own threads, auto's as everywhere
+    again = run_cli("eval-demo", *FAST, "--seed", "7", "--sheet", sheet, "--overwrite", "--threads", "0")
     assert again.code == 0, again.err
+    assert torch.get_num_threads() == 1
     assert sha256_file(sheet) != written and Image.open(sheet).format == "PNG"

@@ -77,3 +77,11 @@ def test_a_model_file_that_appears_during_the_run_is_left_alone(tmp_path, tiny_c
         train_demo(out, dataclasses.replace(tiny_config, vae_steps=3, dit_steps=2), threads=1)
     other.join()
     assert vae.read_bytes() == b"mine"
+
+
+
+def test_a_bad_thread_count_is_refused_before_the_folder_is_made(tmp_path, tiny_config) -> None:
+    """--threads' range, as everywhere (0 is auto); that a run takes its count: test_train_state.py."""
+    with pytest.raises(AnimaError, match="threads must be an integer from 0 to 1024, got -1"):
+        train_demo(tmp_path / "refused", tiny_config, threads=-1)
+    assert not (tmp_path / "refused").exists()

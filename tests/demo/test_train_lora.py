@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 
+from anima_rknn.core import threads as thread_counts
 from anima_rknn.core.tensorfile import load_tensors, read_metadata, save_tensors
 from anima_rknn.demo import demo_model_dir, harness, train_lora
 from anima_rknn.demo.state import CONFIG_FILE, LORA_STATE, PROGRESS_KEY
@@ -85,7 +86,12 @@ def test_a_resumed_run_writes_the_same_file_bit_for_bit(straight, tmp_path, monk
     assert not out.exists()
     progress = json.loads(read_metadata(work_folder(out) / LORA_STATE, "state")[PROGRESS_KEY])
     assert progress["step"] == 3
-    assert train_demo_lora(out, dataclasses.replace(TINY, minutes=99.0)).steps == 6  # the time budget may change
+    # the time budget may change; threads 0 is auto (named: one thread, as the demo LoRA and these tests run), set
+    # on torch from the 2 it is at
+    monkeypatch.setattr(thread_counts, "_auto", lambda: 1)
+    torch.set_num_threads(2)
+    assert train_demo_lora(out, dataclasses.replace(TINY, minutes=99.0), threads=0).steps == 6
+    assert torch.get_num_threads() == 1
     resumed = load_tensors(out, "LoRA")
     assert resumed.keys() == expected.keys()
     for name, tensor in expected.items():
@@ -114,4 +120,10 @@ def test_another_configuration_in_the_work_folder_is_refused(tmp_path) -> None:
 def test_a_bad_setting_is_refused(change, message, tmp_path) -> None:
     with pytest.raises(AnimaError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         train_demo_lora(tmp_path / "l.safetensors", dataclasses.replace(TINY, **change))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_bad_thread_count_is_refused_before_anything_is_written(tmp_path) -> None:
+    with pytest.raises(AnimaError, match="threads must be an integer from 0 to 1024, got -1"):
+        train_demo_lora(tmp_path / "l.safetensors", TINY, threads=-1)
     assert list(tmp_path.iterdir()) == []

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from anima_rknn.core import threads as thread_counts
 from anima_rknn.core.tensorfile import load_tensors, read_metadata, save_tensors
 from anima_rknn.demo import harness, train
 from anima_rknn.demo.harness import CaptionBank, training_captions
@@ -88,10 +89,14 @@ def test_a_resumed_stage_ends_bit_for_bit_where_an_uninterrupted_one_does(stage,
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
 
 
-def test_only_the_time_budget_of_a_run_may_change(trained, tiny_config, tmp_path) -> None:
+def test_only_the_time_budget_of_a_run_may_change(trained, tiny_config, tmp_path, monkeypatch) -> None:
+    """Also: the run sets torch to the threads asked, 0 as auto means everywhere (core/threads.py)."""
     out = tmp_path / "run"
     shutil.copytree(trained[0], out)
-    results = train_demo(out, dataclasses.replace(tiny_config, minutes=99.0), threads=1)
+    monkeypatch.setattr(thread_counts, "_auto", lambda: 1)  # auto, named: one thread, as the tests run
+    torch.set_num_threads(2)
+    results = train_demo(out, dataclasses.replace(tiny_config, minutes=99.0), threads=0)
+    assert torch.get_num_threads() == 1
     assert results["dit"].steps == 40  # both stages were done: nothing retrained
     with pytest.raises(AnimaError, match="another configuration"):
         train_demo(out, dataclasses.replace(tiny_config, seed=6), threads=1)
