@@ -18,8 +18,8 @@ from ..core.files import (
     Unreadable,
     held_folder,
     json_text,
+    open_small_file,
     output_folder,
-    read_small_file,
     sha256_file,
     write_bytes,
     write_text,
@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 RESULTS = "results.jsonl"
 MAX_RESULTS_BYTES = MAX_JOBS * (16 << 10)  # records are about 1 KiB; long prompts make them longer
+# One record names its prompt and negative prompt twice (params and the result's summary), each up to 20,000
+# characters, 6 bytes apiece when JSON escapes them: 480 KB, so 1 MiB holds any record this program writes.
+MAX_RECORD_BYTES = 1 << 20
 
 
 @dataclasses.dataclass
@@ -67,22 +70,36 @@ class Results:
         path = self.folder / RESULTS
         if not path.exists():
             return {}
-        try:
-            text = read_small_file(path, MAX_RESULTS_BYTES).decode("utf-8")
-        except (Unreadable, UnicodeDecodeError) as e:
-            raise AnimaError(f"{path}: {e}") from None
         records = {}
-        for number, line in enumerate(text.splitlines(), 1):
-            try:
-                record = json.loads(line)
-            except (ValueError, RecursionError):
-                raise AnimaError(f"{path} line {number} is not valid JSON; pass --overwrite to start over") from None
-            job_id = record.get("job") if isinstance(record, dict) else None
-            if job_id not in self._order:
-                raise AnimaError(f"{self.folder} holds another batch's results ({RESULTS} line {number} is no job "
-                                 "of these jobs with these model files); use another --out, or --overwrite")
-            records[job_id] = record
+        # Read a line at a time, each bounded: the file is refused at its first bad line, and holding it whole (or
+        # its lines as a list: 200 MiB of newlines peaked at 2.2 GB) is never needed.
+        try:
+            with open_small_file(path, MAX_RESULTS_BYTES) as f:
+                for number, line in enumerate(iter(lambda: f.readline(MAX_RECORD_BYTES + 1), b""), 1):
+                    if len(line) > MAX_RECORD_BYTES:
+                        raise AnimaError(f"{path} line {number} is longer than {MAX_RECORD_BYTES >> 20} MiB, which "
+                                         "no record is; pass --overwrite to start over")
+                    records.update(self._record(line, number))
+                    if f.tell() > MAX_RESULTS_BYTES:  # it grew since it was opened
+                        raise AnimaError(f"{path} grew past {MAX_RESULTS_BYTES} bytes while it was read")
+        except Unreadable as e:
+            raise AnimaError(f"{path}: {e}") from None
+        except OSError as e:
+            raise AnimaError(f"{path}: cannot read it: {e.strerror or e}") from None
         return records
+
+    def _record(self, line: bytes, number: int) -> dict[str, dict[str, Any]]:
+        """{job id: record} of one line of results.jsonl."""
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            raise AnimaError(f"{self.folder / RESULTS} line {number} is not valid JSON; pass --overwrite to start "
+                             "over") from None
+        job_id = record.get("job") if isinstance(record, dict) else None
+        if job_id not in self._order:
+            raise AnimaError(f"{self.folder} holds another batch's results ({RESULTS} line {number} is no job "
+                             "of these jobs with these model files); use another --out, or --overwrite")
+        return {job_id: record}
 
     def _write(self) -> None:
         # Rewritten whole (atomic_path) after each job rather than appended to: never a torn last line, and the

@@ -23,7 +23,7 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..errors import AnimaError
 
@@ -349,9 +349,11 @@ def _size(limit: int) -> str:
                 if limit >> shift and not limit & ((1 << shift) - 1))
 
 
-def read_small_file(path: str | os.PathLike, limit: int, *, no_links: bool = False) -> bytes:
-    """The bytes of a small file a user may have been handed (a manifest, a state, a tokenizer): a regular file
-    of at most `limit` bytes, never more read (a FIFO or a 16 GiB sparse file is not waited on or loaded).
+@contextlib.contextmanager
+def open_small_file(path: str | os.PathLike, limit: int, *, no_links: bool = False) -> Iterator[BinaryIO]:
+    """A small file a user may have been handed (a manifest, a state, a tokenizer, a batch's records), open for
+    reading: a regular file of at most `limit` bytes by its size now (a FIFO or a 16 GiB sparse file is not waited
+    on or read), for a caller that reads it in parts; it may still grow, so a caller bounds what it reads too.
     `no_links`: a file that is a link, symbolic or hard (another name of a file elsewhere), is refused too."""
     try:
         # Non-blocking, then checked on the open file: a FIFO swapped in after a look would block a plain open.
@@ -363,7 +365,16 @@ def read_small_file(path: str | os.PathLike, limit: int, *, no_links: bool = Fal
     if not stat.S_ISREG(found.st_mode) or (no_links and found.st_nlink != 1):
         os.close(fd)
         raise Unreadable("not a regular file")
+    if found.st_size > limit:
+        os.close(fd)
+        raise Unreadable(f"larger than {_size(limit)}")
     with os.fdopen(fd, "rb") as f:
+        yield f
+
+
+def read_small_file(path: str | os.PathLike, limit: int, *, no_links: bool = False) -> bytes:
+    """The bytes of open_small_file's file, never more than `limit` read."""
+    with open_small_file(path, limit, no_links=no_links) as f:
         try:
             data = f.read(limit + 1)
         except OSError as e:

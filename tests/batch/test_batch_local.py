@@ -9,7 +9,7 @@ import torch
 
 from anima_rknn.batch.jobs import name_jobs, read_jobs
 from anima_rknn.batch.local import LocalRunner
-from anima_rknn.batch.results import RESULTS, Results
+from anima_rknn.batch.results import MAX_RECORD_BYTES, RESULTS, Results
 from anima_rknn.batch.worker import Worker
 from anima_rknn.errors import AnimaError
 from anima_rknn.generation.params import GenerationParams
@@ -88,6 +88,23 @@ def test_another_batch_s_folder_is_refused_until_overwrite(tmp_path, tiny_set, w
     with pytest.raises(AnimaError, match="is not empty"):
         Results(tmp_path / "elsewhere", other, overwrite=False)
     assert Results(out, other, overwrite=True).records == {}
+
+
+def test_the_records_are_read_a_bounded_line_at_a_time(tmp_path, tiny_set):
+    """A results.jsonl line longer than any record is refused at that line, read no further than the bound (a
+    200 MiB file of newlines read whole peaked at 2.2 GB; read a line at a time, at the process's own size)."""
+    jobs = _jobs(tmp_path, tiny_set, prompts=("cat",), seeds=(1,))
+    out = tmp_path / "out"
+    out.mkdir()
+    record = json.dumps({"job": jobs[0].id, "line": 1}).encode()
+    (out / RESULTS).write_bytes(record + b"\n" + b" " * (MAX_RECORD_BYTES + 1) + b"\n" + record + b"\n")
+    with pytest.raises(AnimaError, match=f"^{out / RESULTS} line 2 is longer than 1 MiB, which no record is"):
+        Results(out, jobs, overwrite=False)
+    (out / RESULTS).write_bytes(b"\n" * 1000)
+    with pytest.raises(AnimaError, match=f"^{out / RESULTS} line 1 is not valid JSON"):
+        Results(out, jobs, overwrite=False)
+    (out / RESULTS).write_bytes(record + b"\n" + record)  # the last line need not end in a newline
+    assert list(Results(out, jobs, overwrite=False).records) == [jobs[0].id]
 
 
 def test_a_stopped_job_continues_from_its_state(tmp_path, tiny_set, worker):

@@ -15,6 +15,7 @@ from anima_rknn.core.files import (
     atomic_path,
     check_output_file,
     json_text,
+    open_small_file,
     output_folder,
     read_small_file,
     write_json,
@@ -182,6 +183,18 @@ def test_an_exclusive_lock_admits_one_holder_at_a_time(tmp_path):
     for thread in threads:
         thread.join()
     assert overlaps == [1, 1, 1, 1]
+
+
+def test_a_small_file_opened_for_reading_in_parts_is_refused_by_its_size_before_a_byte_is_read(tmp_path):
+    big = tmp_path / "records.jsonl"
+    with open(big, "wb") as f:
+        f.truncate(2**40)  # sparse: 1 TiB that would take hours to read
+    for opened in (lambda: open_small_file(big, 2**20).__enter__(), lambda: read_small_file(big, 2**20)):
+        with pytest.raises(Unreadable, match="^larger than 1 MiB$"):
+            opened()
+    big.write_bytes(b"one\ntwo\n")
+    with open_small_file(big, 8) as f:
+        assert [f.readline(), f.readline(), f.readline()] == [b"one\n", b"two\n", b""]
 
 
 def test_a_small_file_read_without_links_refuses_symbolic_and_hard_ones(tmp_path):
