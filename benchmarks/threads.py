@@ -6,8 +6,8 @@ default) and off (ours), in one run; whether the pictures differ between thread 
 
 Each figure is the median of --repeat runs (wall time and the process's CPU time) of one 64x64 demo image, fp32
 bodies, the torch VAE, no cache; a run's model loading is outside the time (the pipeline is warmed up once per
-setting). The machine's load average is printed with the table: on a machine busy with other work the threads
-compete with it, and that is the case the defaults are chosen for. Prints Markdown.
+setting). The machine's load average at the start and at the end is printed with the table: on a machine busy with
+other work the threads compete with it, and that is the case the defaults are chosen for. Prints Markdown.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
+    start_load = os.getloadavg()
     cores = os.cpu_count() or 1
     counts = sorted({1, 2, cores, 2 * cores})
     files = resolve_model(None)
@@ -80,8 +81,9 @@ def main() -> None:
                              *timed(AnimaPipeline(files, keep_dit=True), params, args.repeat)))
                 print("measured", rows[-1], file=sys.stderr, flush=True)
         onnx_backend.session_options = real
-    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"{cpu_label()}; load average {load} (1/5/15 min) at the end; demo model 64x64, {args.steps} steps, "
+    load = "; ".join(" / ".join(f"{x:.1f}" for x in loads) + f" at the {when}"
+                     for when, loads in (("start", start_load), ("end", os.getloadavg())))
+    print(f"{cpu_label()}; load average (1/5/15 min) {load}; demo model 64x64, {args.steps} steps, "
           f"fp32, median of {args.repeat}; auto here = {thread_counts.auto_threads()} threads\n")
     print("| backend | threads | ORT spinning | wall s | CPU s | wall vs 1 thread | picture (sha256) |")
     print("|---|---|---|---|---|---|---|")
