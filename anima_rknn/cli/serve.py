@@ -9,21 +9,19 @@ can read: every local user sees a process's command line (ps), not its environme
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import ipaddress
 import os
 import re
 import socket
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import click
 from click.core import ParameterSource
 
 from ..core.cpu_speed import AUTO, resolve_dtype
-from ..core.files import Unreadable, read_small_file
+from ..core.files import Unreadable, held_folder, read_small_file
 from ..engine.vae_auto import choose_vae_backend
 from ..errors import AnimaError
 from ..generation.params import MAX_SIDE, MAX_STEPS, SERVER_SETTINGS, build, default
@@ -36,6 +34,8 @@ from .options import lora_dir_option, model_options, setting_options, setting_va
 
 BACKLOG = 2048  # uvicorn's own default
 MAX_SECRET_BYTES = 4096
+DATA_DIR_BUSY = ("another anima-rknn serve is using the data dir {folder}: stop it, or give this one its own "
+                 "--data-dir")
 _HOST_NAME = re.compile(r"[a-z0-9_.-]+|\[?[0-9a-f:.]+\]?", re.IGNORECASE)  # a name or an address, no port
 
 
@@ -55,30 +55,13 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-@contextlib.contextmanager
-def _data_dir_locked(data_dir: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `data_dir` for the block (a killed process's lock goes with it). The folder
-    itself is locked, not a file in it: a new data dir must stay empty until the job store marks it as its own."""
-    import fcntl  # POSIX only, as serve's signals are
-
+def _data_dir(data_dir: Path) -> Path:
+    """The data dir, made if needed (held_folder's opener: the job store fills it once the lock is held)."""
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as e:
         raise AnimaError(f"cannot use {data_dir} as the data dir: {e.strerror or e}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise AnimaError(f"another anima-rknn serve is using the data dir {data_dir}: stop it, or give this one "
-                         "its own --data-dir") from None
-    except OSError as e:  # a file system without locks (some network ones): served, unguarded
-        click.echo(f"warning: cannot lock the data dir {data_dir} ({e.strerror}): a second server on it would not "
-                   "be refused", err=True)
-    try:
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+    return data_dir
 
 
 def _secret_file(path: str, option: str) -> str:
@@ -180,7 +163,8 @@ def serve(ctx, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host
     hosts = _allowed_hosts(allowed_hosts)
     # Before any model loads: a busy port, or a data dir another server holds, is one line now. The lock is taken
     # before the job store opens it (and queues its jobs again).
-    with _listen(host, port) as sock, _data_dir_locked(Path(data_dir)):
+    with _listen(host, port) as sock, held_folder(lambda: _data_dir(Path(data_dir)), busy=DATA_DIR_BUSY,
+                                                  unguarded=lambda warning: click.echo(warning, err=True)):
         files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
                         t5_tokenizer=t5_tokenizer)
         engine = setting_values(settings)  # the server's own settings (SERVER_SETTINGS), the same for every request

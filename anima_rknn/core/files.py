@@ -247,33 +247,43 @@ def output_folder(folder: str | os.PathLike, *, overwrite: bool, holds: str, res
     return folder
 
 
-# File systems that cannot lock (some network mounts) answer flock with one of these: the publishing rules above
-# still keep every file whole and unreplaced there, only a second run is not refused up front.
+# File systems that cannot lock (some network mounts) answer flock with one of these. There, held_folder goes on
+# unguarded and tells the caller: the publishing rules above still keep every file whole and unreplaced, only a
+# second run is not refused up front. Any other error is refused: a lock that failed for a reason not known to
+# mean "no locks here" is no reason to run without one.
 _NO_LOCKS = {errno.ENOLCK, errno.EBADF, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
+WRITING_INTO = "another anima-rknn run is writing into {folder}; wait for it to end, or choose another folder"
 
 
 @contextlib.contextmanager
-def held_folder(open_folder: Callable[[], Path]) -> Iterator[Path]:
-    """The output folder `open_folder()` checks and makes (output_folder, or a caller's rules over it), held by
-    this run for the block: a second run writing into the same folder is refused in one line, instead of mixing
-    its files with this one's or emptying the folder under it.
+def held_folder(open_folder: Callable[[], Path], *, busy: str = WRITING_INTO,
+                unguarded: Callable[[str], None] | None = None) -> Iterator[Path]:
+    """The folder `open_folder()` checks and makes (output_folder, or a caller's rules over it), held by this
+    process for the block: a second process holding it is refused in one line, `busy` with its "{folder}" filled
+    in, instead of mixing its files with this one's or emptying the folder under it. On a file system that cannot
+    lock, the block runs unguarded, and `unguarded` (if given) is handed a warning line saying so.
 
     The lock is an flock of the folder itself, not of a lock file in it (a file there would become part of the
-    set and of its listing); it goes when the block ends or the process dies. The folder is checked again once
-    the lock is held: the first check is one that another run may have passed too."""
+    set and of its listing, and a new data dir must stay empty until its job store marks it); it goes when the
+    block ends or the process dies. The folder is checked again once the lock is held: the first check is one that
+    another run may have passed too."""
     import fcntl  # POSIX only, and only where a folder is written
 
     folder = open_folder()
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise AnimaError(f"cannot open the folder {folder}: {e.strerror or e}") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise AnimaError(f"another anima-rknn run is writing into {folder}; wait for it to end, or choose "
-                             "another folder") from None
+            raise AnimaError(busy.format(folder=folder)) from None
         except OSError as e:
             if e.errno not in _NO_LOCKS:
-                raise
+                raise AnimaError(f"cannot lock the folder {folder}: {e.strerror or e}") from None
+            if unguarded is not None:
+                unguarded(f"warning: cannot lock {folder} ({e.strerror}): a second run on it would not be refused")
         yield open_folder()
     finally:
         os.close(fd)  # releases the lock

@@ -123,7 +123,19 @@ def _rss(pid: int) -> int:
         return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
 
 
-def test_a_real_server_takes_its_secrets_privately_and_holds_its_port_and_data_dir(tmp_path):
+def _held(folder: Path) -> bool:
+    """Whether another process holds `folder`'s lock (a running server's data dir)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def test_a_real_server_takes_its_secrets_privately_and_holds_its_port_and_data_dir(run_cli, tmp_path):
     key, user, password = "key-from-env-3f9", "ann", "pw-from-file-7c1"
     auth_file = _secret_file(tmp_path / "auth", f"{user}:{password}\n")
     port, data = _free_port(), tmp_path / "data"
@@ -133,12 +145,19 @@ def test_a_real_server_takes_its_secrets_privately_and_holds_its_port_and_data_d
                        env={"ANIMA_API_KEY": key}, log=log)
         try:
             deadline = time.monotonic() + 300
-            while not _accepts(port):  # the port and the data dir are taken first, before the model loads
+            # The port and the data dir are taken first, before the model loads.
+            while not (_accepts(port) and data.is_dir() and _held(data)):
                 assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()
                 time.sleep(0.1)
-            # A second server on its data dir, a third on its port, while it loads: refused in one line each.
-            second = _serve("--port", _free_port(), "--data-dir", data)
-            third = _serve("--port", port, "--data-dir", tmp_path / "other")
+            # A second server on its data dir, a third on its port, while it loads: refused in one line each. Run
+            # in this process (the refusals come before any model loads; two more interpreters cost CI seconds).
+            refusals = {(_free_port(), data): f"error: another anima-rknn serve is using the data dir {data}",
+                        (port, tmp_path / "other"): f"error: cannot listen on 127.0.0.1:{port}: Address already in use"}
+            for (other_port, other_data), pattern in refusals.items():
+                result = run_cli("serve", "--port", other_port, "--data-dir", other_data)
+                assert result.code == 1 and result.err.strip().splitlines() == [result.err.strip()], result.err
+                assert result.err.startswith(pattern), result.err
+            assert not (tmp_path / "other").exists()
             while _get(f"{base}/v1/models", {"Authorization": f"Bearer {key}"}) != 200:
                 assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()
                 time.sleep(0.2)
@@ -163,12 +182,6 @@ def test_a_real_server_takes_its_secrets_privately_and_holds_its_port_and_data_d
                     s.sendall(b"100000\r\n" + b"a" * (1 << 20) + b"\r\n")
                 assert s.recv(4096).startswith(b"HTTP/1.1 413")
             assert _rss(first.pid) - before < 16 << 20, (_rss(first.pid) - before) >> 20
-            for process, pattern in ((second, f"error: another anima-rknn serve is using the data dir {data}"),
-                                     (third, f"error: cannot listen on 127.0.0.1:{port}: Address already in use")):
-                _, err = process.communicate(timeout=300)
-                assert process.returncode == 1 and err.strip().splitlines() == [err.strip()], err
-                assert err.startswith(pattern), err
-            assert not (tmp_path / "other").exists()
             assert json.loads(urllib.request.urlopen(urllib.request.Request(
                 f"{base}/api/jobs", headers={"Authorization": f"Bearer {key}"}), timeout=30).read())[0]["state"] \
                 == "completed"  # the first server's job, untouched by the second

@@ -210,3 +210,53 @@ def test_a_small_file_read_without_links_refuses_symbolic_and_hard_ones(tmp_path
         assert read_small_file(tmp_path / name, 16) == b"secret"  # a plain read follows them
         with pytest.raises(Unreadable, match="not a regular file"):
             read_small_file(tmp_path / name, 16, no_links=True)
+
+
+def test_a_held_folder_refuses_a_second_holder_in_the_callers_words(tmp_path):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    with files.held_folder(lambda: folder) as held:
+        assert held == folder
+        with pytest.raises(AnimaError, match=f"^another anima-rknn run is writing into {folder}; wait for it"):
+            with files.held_folder(lambda: folder):
+                pass
+        with pytest.raises(AnimaError, match=f"^{folder} is mine$"):
+            with files.held_folder(lambda: folder, busy="{folder} is mine"):
+                pass
+    with files.held_folder(lambda: folder):  # let go when the block ended
+        pass
+    with pytest.raises(AnimaError, match=f"^cannot open the folder {tmp_path / 'absent'}: No such file"):
+        with files.held_folder(lambda: tmp_path / "absent"):
+            pass
+
+
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.EOPNOTSUPP])
+def test_a_folder_on_a_file_system_without_locks_is_used_unguarded_and_the_caller_told(tmp_path, monkeypatch, code):
+    """No local file system here refuses flock, so the kernel's answer of a network mount is put in its place."""
+    import fcntl
+
+    def refuse(fd, operation):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    told = []
+    with files.held_folder(lambda: tmp_path, unguarded=told.append) as held:
+        assert held == tmp_path
+    assert told == [f"warning: cannot lock {tmp_path} ({os.strerror(code)}): a second run on it would not be "
+                    "refused"]
+    with files.held_folder(lambda: tmp_path):  # a caller that asked not to be told
+        pass
+
+
+def test_a_lock_that_fails_for_another_reason_is_refused(tmp_path, monkeypatch):
+    import fcntl
+
+    def fail(fd, operation):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(fcntl, "flock", fail)
+    ran = []
+    with pytest.raises(AnimaError, match=f"^cannot lock the folder {tmp_path}: Input/output error$"):
+        with files.held_folder(lambda: tmp_path, unguarded=ran.append):
+            ran.append("block")
+    assert ran == []
