@@ -14,9 +14,10 @@ import shutil
 import numpy as np
 import pytest
 from PIL import Image
+from test_outputs_cli import _one_line, _when
 
-from anima_rknn.core.files import sha256_file
-from anima_rknn.export.manifest import read_manifest
+from anima_rknn.core.files import held_folder, output_folder, sha256_file
+from anima_rknn.export.manifest import read_manifest, rknn_name
 from anima_rknn.export.rknn import TOOLKIT_MISSING
 
 HAS_TOOLKIT = importlib.util.find_spec("rknn") is not None
@@ -69,7 +70,8 @@ def test_convert_shows_progress_and_resumes(run_cli, tiny_onnx_set, tmp_path):
 
 @needs_toolkit
 def test_verify_reports_every_subgraph_close_to_fp32_torch(run_cli, model_dir, tiny_rknn_set):
-    result = run_cli("verify-rknn", "--model", model_dir, "--subgraphs", tiny_rknn_set, "--runtime", "simulator", "--json")
+    result = run_cli("verify-rknn", "--model", model_dir, "--subgraphs", tiny_rknn_set, "--runtime", "simulator",
+                     "--json")
     assert result.code == 0, result.err
     report = json.loads(result.out)
     assert [r["file"] for r in report["subgraphs"]] == [
@@ -314,3 +316,24 @@ def test_convert_with_overwrite_replaces_a_stale_set_then_resumes_without_it(run
     result = run_cli("convert-rknn", "--subgraphs", tiny_onnx_set, "--out", out)  # its own work: resumes
     assert result.code == 0, result.err
     assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.rknn")} == before  # nothing left to convert
+
+
+@needs_toolkit
+def test_convert_leaves_a_file_that_appears_in_its_folder_and_holds_the_folder(run_cli, tiny_onnx_set, tmp_path):
+    """The outputs rule for convert-rknn: a .rknn file that someone else puts in the folder during the run stays
+    (one line, exit 1), and a second run into a folder that a run holds is refused before it writes anything."""
+    out = tmp_path / "rknn"
+    names = [rknn_name(entry["file"]) for entry in read_manifest(tiny_onnx_set)["subgraphs"]]
+    other = _when(out / names[0], out / names[-1])  # while the first converts, at the last one's name
+    result = run_cli("convert-rknn", "--subgraphs", tiny_onnx_set, "--out", out)
+    other.join()
+    assert result.code == 1 and _one_line(result) and str(out / names[-1]) in result.err, result.err
+    assert "exists; pass --overwrite" in result.err or "appeared while this run was working" in result.err
+    assert (out / names[-1]).read_bytes() == b"mine" and not (out / "manifest.json").exists()
+    held = tmp_path / "held"
+    with held_folder(lambda: output_folder(held, overwrite=False, holds="a subgraph set")):  # another run's
+        result = run_cli("convert-rknn", "--subgraphs", tiny_onnx_set, "--out", held)
+        assert result.code == 1 and _one_line(result), result.err
+        assert result.err.endswith(f"error: another anima-rknn run is writing into {held}; wait for it to end, or "
+                                   "choose another folder\n")
+        assert list(held.iterdir()) == []
