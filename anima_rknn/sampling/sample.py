@@ -6,6 +6,10 @@ stable-diffusion.cpp's caches do), so no sampler knows which cache runs: a cache
 per sampler step for most samplers, two for heun, dpmpp_sde and sa_solver_pece (their warm-up, window and stop
 count calls). The progress bar, the bench's per-step data, live previews and resume checkpoints all listen to
 the StepEvents, and nothing else reaches into the loop.
+
+A run ends early in two ways: at the first step whose latent is not finite (no later step could mend it, and no
+listener is told of it, so no checkpoint holds it), and when `interrupt()` turns true after a step, with that
+step's x0 as its result (as WebUI answers an interrupt: the picture as far as it got).
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class SampleResult:
     model_calls: int  # in this call (a resumed run counts from where it resumed)
     finite: bool
     error_estimate: float | None = None  # the cache's own estimate of its distance from the uncached run
+    interrupted_at: int | None = None  # interrupted after this step: `latent` is that step's x0
 
 
 def step_noise(seed: int, shape: tuple[int, ...]) -> Callable[[int, int], np.ndarray]:
@@ -118,14 +123,16 @@ def _check_inputs(sigmas: np.ndarray, cache: CachePolicy, calls: int, start: int
 
 def sample(sampler: Sampler, denoise: Denoiser, x: np.ndarray, sigmas: np.ndarray, cache: CachePolicy,
            callback: StepCallback | None = None, *, seed: int | None = None, eta: float = 1.0, s_noise: float = 1.0,
-           start: int = 0, state: dict[str, Any] | None = None, inpaint: Inpaint | None = None) -> SampleResult:
+           start: int = 0, state: dict[str, Any] | None = None, inpaint: Inpaint | None = None,
+           interrupt: Callable[[], bool] | None = None) -> SampleResult:
     """Run `sampler` from sigmas[start] down to sigmas[-1].
 
     `x` is the initial noise (scaled by sigmas[0]), or, resuming, the latent after `start` steps with the cache
     restored to its state after that step and `state` the sampler_state of that step's event. The noise is
     drawn by step_noise(seed); a sampler that draws none needs no seed. The cache is made for
     len(call_sigmas(sampler, sigmas)) calls. `inpaint` holds the part outside its mask on the original's
-    trajectory (sampling.inpaint); `x` is then the original noised to sigmas[start].
+    trajectory (sampling.inpaint); `x` is then the original noised to sigmas[start]. `interrupt()`, asked after
+    every step but the last (once its listener is told), ends the run there with the step's x0 as the latent.
     """
     sigmas = np.asarray(sigmas, dtype=np.float64)
     planned = call_sigmas(sampler, sigmas) if sigmas.ndim == 1 and len(sigmas) >= 2 else []
@@ -150,15 +157,25 @@ def sample(sampler: Sampler, denoise: Denoiser, x: np.ndarray, sigmas: np.ndarra
         x, x0, history = sampler.step(step_model, x, ctx, history)
         if inpaint is not None:
             x = inpaint.blend(x, float(sigmas[index + 1]))
+        if not np.isfinite(x).all():
+            break
         if callback is not None:
             now = time.perf_counter()
             callback(StepEvent(step, total, float(sigmas[index]), float(sigmas[index + 1]), x, x0,
                                model.forecasts == forecasts, model.refusals > refusals, now - started, now - began,
                                (now - began) / (step - start) * (total - step), cache.state(), model.runs - runs,
                                {"history": history, "recomputed": list(recomputed)}))
-    return SampleResult(latent=x, computed_steps=cache.computed_steps, skipped_steps=cache.skipped_steps,
-                        recomputed_steps=list(recomputed), model_calls=model.runs, finite=bool(np.isfinite(x).all()),
-                        error_estimate=cache.error_estimate)
+        if interrupt is not None and step < total and interrupt():
+            return _result(np.array(x0, dtype=np.float32), cache, recomputed, model, interrupted_at=step)
+    return _result(x, cache, recomputed, model)
+
+
+def _result(latent: np.ndarray, cache: CachePolicy, recomputed: list[int], model: _CachedModel,
+            interrupted_at: int | None = None) -> SampleResult:
+    return SampleResult(latent=latent, computed_steps=cache.computed_steps, skipped_steps=cache.skipped_steps,
+                        recomputed_steps=list(recomputed), model_calls=model.runs,
+                        finite=bool(np.isfinite(latent).all()), error_estimate=cache.error_estimate,
+                        interrupted_at=interrupted_at)
 
 
 def _no_noise(index: int, draw: int) -> np.ndarray:

@@ -108,15 +108,14 @@ def broken_runner(tiny_set, tmp_path_factory):
     return JobRunner(AnimaPipeline(dataclasses.replace(tiny_set, dit=broken), keep_dit=True), checkpoint_every=1)
 
 
-def test_a_job_that_is_not_finite_raises_and_its_earlier_state_is_removed(broken_runner, tmp_path, one_thread):
-    out = tmp_path / "x.png"
-    state = default_state_path(out)
-    interrupt(broken_runner, PARAMS, state, after=2)
-    assert state.is_file()
-    assert saved_state(state) is None  # its latent is already not finite: nothing worth resuming
+def test_a_job_that_is_not_finite_raises_and_leaves_no_state(broken_runner, tmp_path, one_thread):
+    """The run ends at its first non-finite step, before any listener: no checkpoint holds a NaN latent (nothing
+    worth resuming), no image is written."""
+    out, seen = tmp_path / "x.png", []
     with pytest.raises(NotFinite, match="no image was written"):
-        broken_runner.run(PARAMS, state=state, to=out, resume=saved_state(state))
-    assert list(tmp_path.iterdir()) == []  # no image, no state
+        broken_runner.run(PARAMS, state=default_state_path(out), to=out, on_step=lambda e: seen.append(e.step),
+                          stop=lambda: 2 in seen)
+    assert seen == [] and list(tmp_path.iterdir()) == []
 
 
 def test_a_refused_job_keeps_the_state_it_was_asked_to_continue(runner, tmp_path):

@@ -237,3 +237,35 @@ def test_a_state_from_another_run_is_refused(name):
         cache.restore(other.state())
     with pytest.raises(AnimaError, match="cache state"):
         cache.restore({"count": "many"})
+
+
+def test_a_run_ends_at_its_first_non_finite_step_and_tells_no_listener_of_it(denoise):
+    """No later step can mend a NaN latent: the run stops there, and no checkpoint or preview is told of it."""
+    calls = []
+
+    def breaks_at_the_third_call(x, sigma):
+        calls.append(sigma)
+        return denoise(x, sigma) * (np.nan if len(calls) == 3 else 1.0)
+
+    events = []
+    result = sample(SAMPLERS["euler"], breaks_at_the_third_call, initial_noise(16, [0]), flow_sigmas(8),
+                    make_cache("none", 8), callback=events.append)
+    assert len(calls) == 3 and [e.step for e in events] == [1, 2]
+    assert not result.finite and result.computed_steps == [1, 2, 3] and result.interrupted_at is None
+
+
+@pytest.mark.parametrize("name", ["euler", "heun", "dpmpp_2m_sde"])
+def test_an_interrupt_ends_the_run_with_the_x0_of_its_step(denoise, name):
+    """WebUI's interrupt: the picture as far as it got is the denoised estimate of the last step run."""
+    noise, sigmas = initial_noise(16, [0]), flow_sigmas(8)
+    events = []
+    whole = run(name, denoise, noise, sigmas, callback=events.append)
+    stopped = []
+    interrupted = run(name, denoise, noise, sigmas, callback=stopped.append, interrupt=lambda: len(stopped) == 3)
+    assert interrupted.interrupted_at == 3 and [e.step for e in stopped] == [1, 2, 3]
+    np.testing.assert_array_equal(interrupted.latent, events[2].x0)
+    assert interrupted.finite and whole.interrupted_at is None
+    assert interrupted.model_calls == sum(e.model_calls for e in stopped)
+    ended = []  # asked only once the last step is done: the run is whole, not interrupted
+    at_the_end = run(name, denoise, noise, sigmas, callback=ended.append, interrupt=lambda: len(ended) == 8)
+    assert at_the_end.interrupted_at is None and np.array_equal(at_the_end.latent, whole.latent)
