@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -105,11 +105,12 @@ class PassStart:
 class Rendered:
     """All the passes of a run and its picture (None when the last latent is not finite)."""
 
-    denoised: Denoised  # the last pass, the one that makes the picture
+    denoised: Denoised  # the last pass run, the one that makes the picture
     first_pass: Denoised | None  # the hires fix's first pass (None: a run of one pass, or resumed in the second)
     image: Image.Image | None
     decode_s: float
     vae_encode_s: float  # the init image's (or the hires fix's Lanczos-upscaled picture's) VAE encode
+    interrupted_at: int | None = None  # interrupted after this step of the whole run (None: the run finished)
 
 
 class AnimaPipeline:
@@ -199,9 +200,11 @@ class AnimaPipeline:
         return conditioning
 
     def denoise(self, conditioning: Conditioning, params: GenerationParams, *, on_step: StepCallback | None = None,
-                resume: ResumeState | None = None, start: PassStart | None = None) -> Denoised:
+                resume: ResumeState | None = None, start: PassStart | None = None,
+                interrupt: Callable[[], bool] | None = None) -> Denoised:
         """One sampler pass on the split engine: `start`'s (default: a text-to-image run's first, from its
-        initial noise); `resume` continues it from a stopped run's state."""
+        initial noise); `resume` continues it from a stopped run's state; `interrupt` ends it after the step
+        where it turns true, with that step's x0 (sampling.sample)."""
         params.validate()
         if start is None:
             if params.init_image is not None:
@@ -238,7 +241,7 @@ class AnimaPipeline:
                 return_freed_memory()
             sampled = sample(sampler, denoise, x, sigmas, cache, on_step, seed=pass_seed(params.seed,
                              denoise_pass.stream), eta=params.eta_value, s_noise=params.s_noise_value, start=first,
-                             state=sampler_state, inpaint=start.inpaint)
+                             state=sampler_state, inpaint=start.inpaint, interrupt=interrupt)
         finally:
             engine.close()
         elapsed = time.perf_counter() - began + (resume.denoise_s if resume is not None else 0.0)
@@ -381,10 +384,12 @@ class AnimaPipeline:
         return prints
 
     def generate(self, params: GenerationParams, on_step: StepCallback | None = None, *,
-                 checkpoints: Checkpoints | None = None, resume: ResumeState | None = None) -> GenerationResult:
+                 checkpoints: Checkpoints | None = None, resume: ResumeState | None = None,
+                 interrupt: Callable[[], bool] | None = None) -> GenerationResult:
         """encode -> denoise (every pass) -> decode. `checkpoints` writes resume states as the run goes (and ends
         it with Interrupted when its stop() turns true); `resume` continues a stopped run, refused unless it was
-        made with these settings, images and model files."""
+        made with these settings, images and model files. `interrupt` ends the run after the step where it turns
+        true (one step at least) with the picture as far as it got: that step's x0 decoded (render())."""
         if not isinstance(params, GenerationParams):
             raise AnimaError("generate takes a GenerationParams")
         with threads_kept_if_refused():  # prepare()'s threads, taken back when the resume state is refused
@@ -397,42 +402,56 @@ class AnimaPipeline:
         if checkpoints is not None:
             checkpoints.stop_before_denoising(params.steps)
         rendered = self.render(conditioning, params, plan, on_step, checkpoints=checkpoints,
-                               fingerprints=fingerprints, resume=resume)
+                               fingerprints=fingerprints, resume=resume, interrupt=interrupt)
         return GenerationResult(rendered.image, rendered.denoised.sample.latent, params, conditioning,
                                 rendered.denoised, rendered.decode_s, plan.backend, self.files.dit.name,
-                                first_pass=rendered.first_pass, vae_encode_s=rendered.vae_encode_s)
+                                first_pass=rendered.first_pass, vae_encode_s=rendered.vae_encode_s,
+                                interrupted_at=rendered.interrupted_at)
 
     def render(self, conditioning: Conditioning, params: GenerationParams, plan: DecodePlan,
                on_step: StepCallback | None = None, *, checkpoints: Checkpoints | None = None,
-               fingerprints: dict[str, str | None] | None = None, resume: ResumeState | None = None) -> Rendered:
+               fingerprints: dict[str, str | None] | None = None, resume: ResumeState | None = None,
+               interrupt: Callable[[], bool] | None = None) -> Rendered:
         """Every denoising pass of `params` from the encoded prompts, then the picture (pasted back into the
-        init image when inpainting). The step events count the steps of all passes together."""
+        init image when inpainting). The step events count the steps of all passes together. Interrupted
+        (`interrupt`), the picture is the x0 reached, decoded at its pass's size: a hires fix interrupted in (or
+        after) its first pass gives a first-pass picture."""
         source = prepare_source(params)
         passes = params.passes()
         first = resume.pass_index if resume is not None else 0
         done: list[Denoised] = []
         latent: np.ndarray | None = None
         vae_encode_s = decode_s = 0.0
+        interrupted_at: int | None = None
         for index in range(first, len(passes)):
+            if done and interrupt is not None and interrupt():  # between passes: the first pass's picture
+                interrupted_at = sum(p.steps_run for p in passes[:index])
+                break
             resumed = resume if index == first else None
             start, encode_s, first_decode_s = self._pass_start(params, plan, passes, index, source, latent, resumed)
             vae_encode_s, decode_s = vae_encode_s + encode_s, decode_s + first_decode_s
             listener = _pass_progress(on_step, passes, index)
             if checkpoints is not None:
                 listener = checkpoints.listener(params, fingerprints, conditioning, listener, resumed, index)
+            before = sum(p.steps_run for p in passes[:index])
             try:
-                done.append(self.denoise(conditioning, params, on_step=listener, resume=resumed, start=start))
+                done.append(self.denoise(conditioning, params, on_step=listener, resume=resumed, start=start,
+                                         interrupt=interrupt))
             except Interrupted as stopped:  # told in steps of the whole run, as the step events are
-                before = sum(p.steps_run for p in passes[:index])
                 raise Interrupted(stopped.path, before + stopped.step, sum(p.steps_run for p in passes)) from None
             latent = done[-1].sample.latent
-            if not done[-1].sample.finite:
+            if done[-1].sample.interrupted_at is not None:
+                interrupted_at = before + done[-1].sample.interrupted_at
+            if not done[-1].sample.finite or interrupted_at is not None:
                 break
         image = None
-        if done[-1].sample.finite and len(done) == len(passes) - first:  # never decode a latent with NaN/Inf
-            image, last_decode_s = self.decode(done[-1].sample.latent, plan, params.rknn)
+        last = passes[done[-1].pass_index]
+        if done[-1].sample.finite and (len(done) == len(passes) - first or interrupted_at is not None):
+            # never decode a latent with NaN/Inf; a pass that is not the last decodes at its own size
+            decode_plan = plan if last is passes[-1] else self._vae_plan(params, last.width, last.height)
+            image, last_decode_s = self.decode(done[-1].sample.latent, decode_plan, params.rknn)
             image, decode_s = finish(image, source), decode_s + last_decode_s
-        return Rendered(done[-1], done[0] if len(done) > 1 else None, image, decode_s, vae_encode_s)
+        return Rendered(done[-1], done[0] if len(done) > 1 else None, image, decode_s, vae_encode_s, interrupted_at)
 
     def _pass_start(self, params: GenerationParams, plan: DecodePlan, passes: list[DenoisePass], index: int,
                     source: Source | None, previous: np.ndarray | None,

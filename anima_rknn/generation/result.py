@@ -68,6 +68,7 @@ class GenerationResult:
     model: str = "anima"  # the DiT file's name, as the PNG's `parameters` names the model
     first_pass: Denoised | None = None  # the hires fix's first pass; `denoised` is the pass that made the picture
     vae_encode_s: float = 0.0  # the init image's VAE encode (and a Lanczos hires fix's)
+    interrupted_at: int | None = None  # interrupted after this step of the whole run: the picture as far as it got
 
     @property
     def finite(self) -> bool:
@@ -104,6 +105,9 @@ class GenerationResult:
             "cache_error_estimate": sample.error_estimate,  # None: the cache does not measure itself
             "finite": self.finite,
             "image_size": list(self.image.size) if self.image is not None else None,
+            # Interrupted (A1111's /interrupt): the steps done of all passes', the picture that step's x0.
+            "interrupted": (None if self.interrupted_at is None
+                            else {"step": self.interrupted_at, "total": sum(p.steps_run for p in params.passes())}),
             "passes": [self._pass_record(params.passes()[d.pass_index], d) for d in self.denoised_passes()],
         } | image_to_image_record(params)
 
@@ -176,6 +180,8 @@ def png_parameters(params: GenerationParams, model_name: str, result: Generation
         fields.append(f"Computed {call_noun(calls, params.passes()[-1].steps_run)}: {computed}/{calls}")
         if result.denoised.sample.error_estimate is not None:
             fields.append(f"Cache error estimate: {result.denoised.sample.error_estimate:.4g}")
+    if result is not None and result.interrupted_at is not None:
+        fields.append(f"Interrupted: step {result.interrupted_at}/{sum(p.steps_run for p in params.passes())}")
     vae_backend = (result.vae_backend if result is not None else None) or params.vae_backend
     fields.append(f"VAE backend: {vae_backend}")  # without a result, auto is what was asked (not what decoded)
     prompt = params.prompt

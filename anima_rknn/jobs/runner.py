@@ -33,12 +33,14 @@ class JobRunner:
 
     def run(self, params: GenerationParams, *, state: Path | None, to: Path | None = None,
             image: str | None = None, overwrite: bool = False, resume: ResumeState | None = None,
-            on_step: StepCallback | None = None, stop: Callable[[], bool] = lambda: False) -> Published:
+            on_step: StepCallback | None = None, stop: Callable[[], bool] = lambda: False,
+            interrupt: Callable[[], bool] | None = None) -> Published:
         """Generate `params` and publish the result (result.publish: to the path `to`, or as bytes; `image` is
         where the record says the picture is). Checkpoints go to `state`; `resume` continues a stopped run. When
         `stop()` turns true the run ends at the next step boundary with resume.Interrupted, its state kept
-        (without a `state` there is nothing to resume, so such a run is not stopped). A job that fails raises
-        its AnimaError.
+        (without a `state` there is nothing to resume, so such a run is not stopped). When `interrupt()` turns
+        true the run ends after that step (one step at least) and its picture as far as it got is published, the
+        record saying where it was interrupted (WebUI's interrupt). A job that fails raises its AnimaError.
 
         The state is removed once the result is published, and when the run itself went wrong (NotFinite:
         resuming would only repeat it). Any other failure keeps it: a refused resume (other settings or model
@@ -47,7 +49,8 @@ class JobRunner:
         checkpoints = (Checkpoints(state, self.checkpoint_every, stop=stop, warn=self.warn)
                        if state is not None else None)
         try:
-            result = self.pipeline.generate(params, on_step, checkpoints=checkpoints, resume=resume)
+            result = self.pipeline.generate(params, on_step, checkpoints=checkpoints, resume=resume,
+                                            interrupt=interrupt)
             published = publish(result, to, image=image, overwrite=overwrite)
         except NotFinite:
             if checkpoints is not None:

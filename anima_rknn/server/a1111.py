@@ -283,6 +283,8 @@ def a1111_body(body: dict[str, Any], route: str = "txt2img") -> dict[str, Any]:
 def routes(server: Server) -> APIRouter:
     router = APIRouter()
     queue = server.queue
+    answering: list[list[Job]] = []  # each pending txt2img / img2img call's jobs: /interrupt ends the whole call
+
 
     async def generate(request: Request, route: str):
         body = await json_body(request)
@@ -294,7 +296,13 @@ def routes(server: Server) -> APIRouter:
             jobs = await run_in_threadpool(server._submit_many, params, count)
         except StoreError as e:  # a full disk: nothing was queued
             return error_answer(request, str(e), e.status)
-        jobs = await server._wait(jobs)
+        answering.append(jobs)
+        try:
+            jobs = await server._wait(jobs)
+        finally:
+            answering.remove(jobs)
+        if any(job.interrupt.is_set() for job in jobs):  # as WebUI: the pictures made, the interrupted one too
+            jobs = [job for job in jobs if job.state != "cancelled"]
         failed = next((job for job in jobs if job.state != "completed"), None)
         if failed is not None:
             return JSONResponse({"error": failed.error or f"job {failed.state}"}, status_code=500
@@ -328,12 +336,20 @@ def routes(server: Server) -> APIRouter:
                 "textinfo": None,
                 "state": {"sampling_step": job.step, "sampling_steps": job.total,
                           "job_count": 1 + len([j for j in queue.recent() if j.state == "queued"]),
-                          "interrupted": job.cancel.is_set(), "job": job.id}}
+                          "interrupted": job.cancel.is_set() or job.interrupt.is_set(), "job": job.id}}
 
     @router.post("/sdapi/v1/interrupt")
     async def interrupt():
-        if queue.current is not None:
-            queue.cancel(queue.current)
+        # As WebUI's: the running call answers with its pictures as far as they got (the running job's after its
+        # next step) and makes no more; a job that no call of this API waits for is cancelled.
+        current = queue.current
+        if current is not None:
+            call = next((jobs for jobs in answering if current in jobs), None)
+            if call is None:
+                queue.cancel(current)
+            else:
+                for job in call:
+                    queue.interrupt(job)
         return {}
 
     @router.get("/sdapi/v1/sd-models")
@@ -429,4 +445,6 @@ def _info(server: Server, params: GenerationParams, jobs: list[Job], pngs: list[
             "sampler_name": SAMPLERS[params.sampler].label, "scheduler": params.scheduler,
             "denoising_strength": params.strength if used else None,
             "infotexts": [_infotext(png) for png in pngs], "sd_model_name": server.model_name,
-            "cache": params.cache}
+            "cache": params.cache,
+            # ours: whether /interrupt ended the call (each picture's record says where: "interrupted")
+            "interrupted": any((job.summary or {}).get("interrupted") for job in jobs)}

@@ -105,6 +105,7 @@ class Job:
     summary: dict[str, Any] | None = None  # computed/skipped steps, passes, timings: once completed
     preview: bytes | None = None  # PNG of the latest step's x0 while generating
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
+    interrupt: threading.Event = dataclasses.field(default_factory=threading.Event)  # end with the picture so far
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -387,6 +388,15 @@ class JobQueue:
             elif job is self.current:
                 job.cancel.set()
 
+    def interrupt(self, job: Job) -> None:
+        """WebUI's interrupt: a running job ends after its next step (one at least) and completes with its
+        picture as far as it got, its record saying where; a waiting one is dropped, as cancel() drops it."""
+        with self._lock:
+            if job is self.current:
+                job.interrupt.set()
+            else:
+                self.cancel(job)
+
     def recent(self, limit: int = 50, offset: int = 0) -> list[Job]:
         """Jobs newest first: `limit` of them after the `offset` newest."""
         with self._lock:
@@ -525,7 +535,8 @@ class JobQueue:
         try:
             published = self.runner.run(job.params, state=state, to=self.image_path(job), overwrite=True,
                                         image=f"/api/jobs/{job.id}/image", resume=saved_state(state),
-                                        on_step=lambda event: self._on_step(job, event), stop=job.cancel.is_set)
+                                        on_step=lambda event: self._on_step(job, event), stop=job.cancel.is_set,
+                                        interrupt=job.interrupt.is_set)
             job.summary = published.record
             self._finish(job, "completed")
         except Interrupted:

@@ -1,4 +1,5 @@
-"""The pipeline object the CLI uses: noise, stage order, the non-finite guard, the PNG `parameters` text."""
+"""The pipeline object the CLI uses: noise, stage order, the non-finite guard, the PNG `parameters` text, an
+interrupted run's picture."""
 
 import dataclasses
 import math
@@ -45,8 +46,10 @@ def test_non_finite_latent_gives_no_image(tiny_set, tmp_path):
     broken = tmp_path / "nan.safetensors"
     save_tensors(tensors, broken)
     pipeline = AnimaPipeline(dataclasses.replace(tiny_set, dit=broken))
-    result = pipeline.generate(GenerationParams(prompt="cat", width=64, height=64, steps=3))
+    events = []
+    result = pipeline.generate(GenerationParams(prompt="cat", width=64, height=64, steps=3), on_step=events.append)
     assert result.finite is False and result.image is None
+    assert events == [] and result.denoised.transformer_passes == 2  # stopped at the first step: one CFG pair
 
 
 def test_parameters_text_reads_like_a1111():
@@ -88,3 +91,29 @@ def test_a_kept_pipeline_encodes_a_prompt_once_for_its_seeds(tiny_set, one_threa
     other = kept.generate(dataclasses.replace(params, prompt="a blue square"))
     assert other.conditioning.encode_s > 0
     assert not torch.equal(other.conditioning.positive, first.conditioning.positive)
+
+
+def test_an_interrupted_run_is_the_x0_of_its_last_step_decoded(tiny_set, one_thread):
+    """WebUI's interrupt: the picture as far as it got, the record and the PNG saying where it stopped."""
+    pipeline = AnimaPipeline(tiny_set, keep_dit=True)
+    params = GenerationParams(prompt="a red circle", width=64, height=64, steps=6, seed=3)
+    events = []
+    pipeline.generate(params, on_step=events.append)
+    expected, _ = pipeline.decode(events[2].x0)
+    seen = []
+    result = pipeline.generate(params, on_step=seen.append, interrupt=lambda: len(seen) == 3)
+    assert result.image.tobytes() == expected.tobytes() and result.interrupted_at == 3
+    record = result.summary("x.png")
+    assert record["interrupted"] == {"step": 3, "total": 6} and record["computed_steps"] == [1, 2, 3]
+    assert "Interrupted: step 3/6" in png_parameters(params, "tiny", result)
+    assert "Interrupted" not in png_parameters(params, "tiny", pipeline.generate(params))
+
+
+@pytest.mark.parametrize("after, size", [(1, (32, 32)), (2, (32, 32)), (3, (64, 64))])
+def test_a_hires_fix_interrupted_in_its_first_pass_gives_the_first_pass_picture(tiny_set, one_thread, after, size):
+    params = GenerationParams(prompt="a red circle", width=32, height=32, steps=2, seed=3, hires=True,
+                              hires_scale=2.0, strength=1.0)
+    seen = []
+    result = AnimaPipeline(tiny_set).generate(params, on_step=seen.append, interrupt=lambda: len(seen) >= after)
+    total = sum(p.steps_run for p in params.passes())
+    assert result.image.size == size and result.summary(None)["interrupted"] == {"step": after, "total": total}

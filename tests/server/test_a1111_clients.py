@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
+import threading
 import time
 import urllib.request
 
@@ -107,3 +109,23 @@ def test_txt2img_without_a_size_makes_the_models_own_size_and_its_preview_is_as_
         queue.cancel(queue.get(job["id"]))
     preview = Image.open(io.BytesIO(base64.b64decode(progress["current_image"])))
     assert preview.size == (64, 64)  # the picture's own size (it was 32 px: 4x the 8-px latent)
+
+
+def test_interrupt_answers_the_call_with_its_picture_as_far_as_it_got(server, queue):
+    """As WebUI: the running txt2img returns (no 409, so webuiapi does not raise) with the running job's picture
+    after its next step, marked interrupted; the call's job not begun is not made."""
+    api, answer = client(server), {}
+    call_thread = threading.Thread(target=lambda: answer.update(result=api.txt2img(
+        prompt="a cat", seed=5, width=64, height=64, steps=150, n_iter=2)))
+    call_thread.start()
+    while call(f"{server}/sdapi/v1/progress")[1]["state"]["sampling_step"] < 2:
+        time.sleep(0.02)
+    api.interrupt()
+    call_thread.join(120)
+    result = answer["result"]
+    assert len(result.images) == 1 and result.images[0].size == (64, 64) and result.info["interrupted"] is True
+    step = int(re.search(r"Interrupted: step (\d+)/150", result.info["infotexts"][0]).group(1))
+    assert 2 <= step < 150 and result.images[0].info["parameters"] == result.info["infotexts"][0]
+    first, second = sorted(queue.recent(2), key=lambda job: job.created)
+    assert first.state == "completed" and first.summary["interrupted"] == {"step": step, "total": 150}
+    assert second.state == "cancelled" and second.step == 0

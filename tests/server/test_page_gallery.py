@@ -1,11 +1,13 @@
 """The web page's results as a WebUI user meets them, in a real headless browser (Debian's chromium under selenium,
 as test_page.py): the form's defaults from the model (its trained size), every sampler and cache of the server, the
 LoRA picker over --lora-dir, a result's full-size view and download (the server's PNG, byte for byte), "reuse
-settings" / "reuse seed", and the paged gallery."""
+settings" / "reuse seed", the paged gallery, and a picture that WebUI's interrupt cut short."""
 
 from __future__ import annotations
 
 import base64
+import threading
+import time
 
 import pytest
 from lora_files import comfy, random_pairs, write_lora
@@ -272,3 +274,23 @@ def test_the_gallery_pages_its_results(server, browser, tmp_path):
         assert Image.open(tmp_path / name).size[0] == 1280
     browser.find_element(By.ID, "viewer-close").click()
     _until(browser, lambda d: not d.find_element(By.ID, "viewer").is_displayed(), "the view to close")
+
+
+def test_a_picture_cut_short_by_webuis_interrupt_says_so_on_its_card(server, browser):
+    url, queue = server
+    answer = {}
+    call_thread = threading.Thread(target=lambda: answer.update(result=call(
+        f"{url}/sdapi/v1/txt2img", {"prompt": "cut short", "width": 32, "height": 32, "steps": 1000})))
+    call_thread.start()
+    while not (queue.current and queue.current.step >= 1):
+        time.sleep(0.02)
+    job = queue.current
+    call(f"{url}/sdapi/v1/interrupt", {})
+    call_thread.join(120)
+    assert answer["result"][0] == 200
+    _open(browser, url)
+    card = _completed_card(browser, job.id)
+    assert card.find_element(By.CSS_SELECTOR, ".state.interrupted").text == \
+        f"interrupted at step {job.summary['interrupted']['step']}/1000"
+    picture = card.find_element(By.CSS_SELECTOR, "img")
+    _until(browser, lambda d: picture.get_attribute("naturalWidth") == "32", "the picture so far")
