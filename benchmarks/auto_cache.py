@@ -3,14 +3,17 @@
 For every prompt the uncached image is the reference; each policy and setting runs from the same noise and the
 same encoded prompt. Prints a Markdown table (per setting: passes mean / max, PSNR mean / median / worst, SSIM,
 adherence, error estimate vs true PSNR as a Spearman rank correlation), draws PSNR vs mean passes to --plot,
-and with --json writes the raw figures.
+and with --json writes the raw figures, per image too (PSNR, the cache's estimate and its measured errors).
 
-    python benchmarks/auto_cache.py [--prompts 48] [--prompt-seed 7] [--seed 1000] [--plot docs/auto_cache.png]
+    python benchmarks/auto_cache.py [--sets readme] [--only LABELS] [--plot docs/auto_cache.png]
 
-The defaults are the README's held-out set: benchmarks/demo_caching.py's 48 prompts with noise seeds 1000 + i.
-The settings were tuned on --prompts 24 --prompt-seed 3 --seed 5000 (other prompts, other noise).
---reference-dir keeps the uncached latents, images and prompt encodings between runs (tuning reruns only the
-cached policies).
+Named prompt sets (SETS): `tune`, the one every `auto` setting is chosen on (24 prompts, prompt seed 3, noise
+seeds 5000 + i); `readme`, the README's table (benchmarks/demo_caching.py's 48 prompts, noise seeds 1000 + i);
+`h1`-`h3`, held out for issue 24 (48 prompts each, prompt and noise seeds used nowhere else in the repo: read a
+figure from them, never choose a setting on them). `--sets readme,h1,h2,h3` prints every set's table and then
+the worst set's figures per setting; `--plot` draws one curve per set. --prompts/--prompt-seed/--seed still name
+an ad-hoc set. --reference-dir keeps the uncached latents, images and prompt encodings between runs (a rerun
+only reruns the caches).
 """
 
 from __future__ import annotations
@@ -47,6 +50,16 @@ SETTINGS = (
     ("auto tol=0.025", "auto", {"tol": 0.025}),
 )
 
+# name: (prompts, prompt_set seed, noise seed of the first prompt)
+SETS = {
+    "tune": (24, 3, 5000),
+    "readme": (48, 7, 1000),
+    "h1": (48, 101, 31000),
+    "h2": (48, 202, 32000),
+    "h3": (48, 303, 33000),
+}
+
+
 class Reference:
     """The uncached runs of a prompt set: settings, encodings, final latents and images, optionally kept on disk."""
 
@@ -80,31 +93,36 @@ class Reference:
 
 
 def run_one(pipeline: AnimaPipeline, params: GenerationParams,
-            conditioning: Conditioning) -> tuple[np.ndarray, np.ndarray, object]:
-    denoised = pipeline.denoise(conditioning, params)
+            conditioning: Conditioning) -> tuple[np.ndarray, np.ndarray, object, dict]:
+    """The final latent, its image, the Denoised, and the cache's state after the last step (its measurements)."""
+    last: dict = {}
+    denoised = pipeline.denoise(conditioning, params, on_step=lambda event: last.update(event.cache_state))
     image = np.zeros((IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)
     if denoised.sample.finite:
         image = np.asarray(pipeline.decode(denoised.sample.latent)[0])
-    return denoised.sample.latent, image, denoised
+    return denoised.sample.latent, image, denoised, last
 
 
 def evaluate(pipeline: AnimaPipeline, reference: Reference, cache: str, options: dict) -> dict:
     rows, images = [], []
     for i, base in enumerate(reference.params):
         params = dataclasses.replace(base, cache=cache, cache_options=dict(options))
-        latent, image, denoised = run_one(pipeline, params, reference.conditioning(i))
+        latent, image, denoised, state = run_one(pipeline, params, reference.conditioning(i))
         images.append(image)
         rows.append({"passes": denoised.transformer_passes, "psnr": psnr(reference.images[i], image),
                      "ssim": ssim(reference.images[i], image),
                      "latent_error": relative_l2(reference.latents[i], latent),
-                     "estimate": denoised.sample.error_estimate})
+                     "estimate": denoised.sample.error_estimate, "computed": denoised.sample.computed_steps,
+                     # auto's measured forecast error per computed step (empty for the fixed schedules)
+                     "measured": dict(zip(state.get("measured_steps", []), state.get("measured_errors", [])))})
     psnrs = np.array([r["psnr"] for r in rows])
     passes = np.array([r["passes"] for r in rows])
     entry = {"cache": cache, "options": options, "rows": rows,
              "passes": {"mean": float(passes.mean()), "max": int(passes.max())},
              "psnr": {"mean": float(psnrs.mean()), "median": float(np.median(psnrs)), "worst": float(psnrs.min())},
              "ssim": {"mean": float(np.mean([r["ssim"] for r in rows])), "worst": float(min(r["ssim"] for r in rows))},
-             "adherence": adherence(judge(reference.specs, images))["all"]}
+             "adherence": adherence(judge(reference.specs, images))["all"],
+             "below": {"30": int((psnrs < 30).sum()), "20": int((psnrs < 20).sum())}}
     if rows[0]["estimate"] is not None:
         # A larger estimated error should mean a lower PSNR: report the correlation of -estimate with PSNR.
         entry["spearman"] = spearman([-r["estimate"] for r in rows], list(psnrs))
@@ -112,54 +130,97 @@ def evaluate(pipeline: AnimaPipeline, reference: Reference, cache: str, options:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"Demo model, {report['prompts']} prompts (prompt-set seed {report['prompt_seed']}, noise seeds "
-             f"{report['seed']}+), {report['steps']} steps, CFG {report['cfg']:g}; uncached: {2 * report['steps']} "
-             f"passes, adherence {report['reference_adherence']:.0%}.", "",
-             "| policy | passes mean / max | PSNR mean / median / worst (dB) | SSIM mean / worst | adherence | "
-             "estimate vs PSNR (Spearman) |", "|---|---|---|---|---|---|"]
+    lines = [f"`{report['set']}`: demo model, {report['prompts']} prompts (prompt-set seed {report['prompt_seed']}, "
+             f"noise seeds {report['seed']}+), {report['steps']} steps, CFG {report['cfg']:g}; uncached: "
+             f"{2 * report['steps']} passes, adherence {report['reference_adherence']:.0%}.", "",
+             "| policy | passes mean / max | PSNR mean / median / worst (dB) | below 30 / 20 dB | SSIM mean / worst | "
+             "adherence | estimate vs PSNR (Spearman) |", "|---|---|---|---|---|---|---|"]
     for label, e in report["settings"].items():
         p, s = e["psnr"], e["ssim"]
         rank = f"{e['spearman']:.2f}" if "spearman" in e else ""
         lines.append(f"| {label} | {e['passes']['mean']:.1f} / {e['passes']['max']} | {p['mean']:.1f} / "
-                     f"{p['median']:.1f} / {p['worst']:.1f} | {s['mean']:.4f} / {s['worst']:.4f} | "
-                     f"{e['adherence']:.0%} | {rank} |")
+                     f"{p['median']:.1f} / {p['worst']:.1f} | {e['below']['30']} / {e['below']['20']} | "
+                     f"{s['mean']:.4f} / {s['worst']:.4f} | {e['adherence']:.0%} | {rank} |")
     return "\n".join(lines)
 
 
-def plot(report: dict, path: Path) -> None:
+def worst_of(reports: list[dict]) -> str:
+    """Per setting, the worst figure over the sets and the set it came from: the most mean passes, the lowest mean
+    PSNR, the lowest single image, the weakest Spearman."""
+    lines = [f"Worst over the sets {', '.join(r['set'] for r in reports)}:", "",
+             "| policy | passes mean (most) | PSNR mean (lowest) | PSNR worst (lowest) | estimate vs PSNR (lowest) |",
+             "|---|---|---|---|---|"]
+    for label in reports[0]["settings"]:
+        entries = [(r["set"], r["settings"][label]) for r in reports if label in r["settings"]]
+
+        def pick(key, worst=min, digits=1):
+            name, value = worst(((n, key(e)) for n, e in entries), key=lambda item: item[1])
+            return f"{value:.{digits}f} ({name})"
+
+        rank = pick(lambda e: e["spearman"], digits=2) if all("spearman" in e for _, e in entries) else ""
+        lines.append(f"| {label} | {pick(lambda e: e['passes']['mean'], max)} | {pick(lambda e: e['psnr']['mean'])} | "
+                     f"{pick(lambda e: e['psnr']['worst'])} | {rank} |")
+    return "\n".join(lines)
+
+
+def plot(reports: list[dict], path: Path) -> None:
+    """PSNR vs mean passes, one curve per set: auto's budgets joined (mean solid, worst image dashed), its
+    tolerances as triangles, the fixed schedules as squares, each set in its own colour."""
     from matplotlib.figure import Figure  # no pyplot: no display backend needed
 
-    figure = Figure(figsize=(7, 4.2), dpi=120)
+    figure = Figure(figsize=(7.5, 4.6), dpi=120)
     axes = figure.add_subplot()
-    autos = [e for e in report["settings"].values() if e["cache"] == "auto"]
-    for colour, by_budget, name in (("C3", True, "auto, budget"), ("C4", False, "auto, tolerance")):
-        points = sorted((e["passes"]["mean"], e["psnr"]["mean"], e["psnr"]["worst"])
-                        for e in autos if ("budget" in e["options"]) == by_budget)
-        axes.plot([p[0] for p in points], [p[1] for p in points], "o-", color=colour, label=f"{name}, mean")
-        axes.plot([p[0] for p in points], [p[2] for p in points], "o--", color=colour, alpha=0.5, mfc="none",
-                  label=f"{name}, worst")
-    for n, (label, e) in enumerate((label, e) for label, e in report["settings"].items() if e["cache"] != "auto"):
-        colour = ("C0", "C1", "C2")[n % 3]
-        axes.plot(e["passes"]["mean"], e["psnr"]["mean"], "s", color=colour, label=f"{label}, mean")
-        axes.plot(e["passes"]["mean"], e["psnr"]["worst"], "s", color=colour, alpha=0.4, mfc="none",
-                  label=f"{label}, worst")
+    for n, report in enumerate(reports):
+        colour, settings = f"C{n % 10}", report["settings"].values()
+        budgets = sorted((e["passes"]["mean"], e["psnr"]["mean"], e["psnr"]["worst"])
+                         for e in settings if e["cache"] == "auto" and "budget" in e["options"])
+        if budgets:
+            axes.plot([b[0] for b in budgets], [b[1] for b in budgets], "o-", color=colour,
+                      label=f"{report['set']}: auto budget, mean")
+            axes.plot([b[0] for b in budgets], [b[2] for b in budgets], "o--", color=colour, alpha=0.5, mfc="none",
+                      label=f"{report['set']}: worst")
+        for e in settings:
+            if e["cache"] == "auto" and "budget" in e["options"]:
+                continue
+            marker = "^" if e["cache"] == "auto" else "s"
+            axes.plot(e["passes"]["mean"], e["psnr"]["mean"], marker, color=colour)
+            axes.plot(e["passes"]["mean"], e["psnr"]["worst"], marker, color=colour, alpha=0.5, mfc="none")
+    axes.plot([], [], "^", color="grey", label="auto tolerance")
+    axes.plot([], [], "s", color="grey", label="fixed schedules")
     axes.axhline(45, color="grey", lw=0.6, ls=":")
     axes.axhline(30, color="grey", lw=0.6, ls=":")
-    axes.set_xlabel("transformer passes per image (mean; uncached: 40)")
+    first = reports[0]
+    axes.set_xlabel(f"transformer passes per image (mean; uncached: {2 * first['steps']})")
     axes.set_ylabel("PSNR vs uncached image (dB)")
-    axes.set_title(f"Demo model, {report['prompts']} prompts, {report['steps']} steps, CFG {report['cfg']:g}")
+    axes.set_title(f"Demo model, {first['steps']} steps, CFG {first['cfg']:g}; filled: mean, open: worst image")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=7, ncol=2, loc="lower right")
     figure.tight_layout()
     figure.savefig(path)
 
 
+def run_set(pipeline: AnimaPipeline, name: str, spec: tuple[int, int, int], args: argparse.Namespace,
+            chosen: list) -> dict:
+    prompts, prompt_seed, seed = spec
+    reference = Reference(pipeline, prompts, prompt_seed, seed, args.steps, args.cfg, args.reference_dir)
+    report = {"set": name, "prompts": prompts, "prompt_seed": prompt_seed, "seed": seed, "steps": args.steps,
+              "cfg": args.cfg, "reference_adherence": adherence(judge(reference.specs, reference.images))["all"],
+              "settings": {}}
+    for label, cache, options in chosen:
+        print(f"{name}: running {label}", file=sys.stderr)
+        report["settings"][label] = evaluate(pipeline, reference, cache, options)
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the demo model)")
-    parser.add_argument("--prompts", type=int, default=48)
-    parser.add_argument("--prompt-seed", type=int, default=7, help="prompt_set's seed (7: demo_caching.py's set)")
-    parser.add_argument("--seed", type=int, default=1000, help="noise seed of the first prompt")
+    parser.add_argument("--sets", default=None,
+                        help=f"comma list of named prompt sets ({', '.join(SETS)}; default: readme, or the "
+                             "ad-hoc set of --prompts/--prompt-seed/--seed when one of them is given)")
+    parser.add_argument("--prompts", type=int, default=None, help="an ad-hoc set: its number of prompts")
+    parser.add_argument("--prompt-seed", type=int, default=None, help="an ad-hoc set: prompt_set's seed")
+    parser.add_argument("--seed", type=int, default=None, help="an ad-hoc set: noise seed of the first prompt")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--cfg", type=float, default=4.0)
     parser.add_argument("--threads", type=int, default=1)
@@ -168,21 +229,31 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, default=None, help="write the PSNR-vs-passes plot here (PNG)")
     parser.add_argument("--json", type=Path, default=None, help="write the raw figures here")
     args = parser.parse_args()
+    adhoc = (args.prompts, args.prompt_seed, args.seed)
+    if args.sets is not None and any(v is not None for v in adhoc):
+        parser.error("--sets names its sets: --prompts, --prompt-seed and --seed are for an ad-hoc one")
+    if any(v is not None for v in adhoc):
+        readme = SETS["readme"]
+        sets = {"ad-hoc": tuple(readme[i] if v is None else v for i, v in enumerate(adhoc))}
+    else:
+        names = (args.sets or "readme").split(",")
+        unknown = [n for n in names if n not in SETS]
+        if unknown:
+            parser.error(f"unknown prompt set {unknown[0]!r}; choose from {', '.join(SETS)}")
+        sets = {n: SETS[n] for n in names}
+    chosen = SETTINGS if args.only is None else [s for s in SETTINGS if s[0] in args.only.split(",")]
+    if not chosen:
+        parser.error(f"--only names no setting; the labels are: {', '.join(s[0] for s in SETTINGS)}")
     torch.set_num_threads(args.threads)
     pipeline = AnimaPipeline(from_model_dir(args.model or demo_model_dir()), keep_dit=True)
-    reference = Reference(pipeline, args.prompts, args.prompt_seed, args.seed, args.steps, args.cfg, args.reference_dir)
-    chosen = SETTINGS if args.only is None else [s for s in SETTINGS if s[0] in args.only.split(",")]
-    report = {"prompts": args.prompts, "prompt_seed": args.prompt_seed, "seed": args.seed, "steps": args.steps,
-              "cfg": args.cfg, "reference_adherence": adherence(judge(reference.specs, reference.images))["all"],
-              "settings": {}}
-    for label, cache, options in chosen:
-        print(f"running {label}", file=sys.stderr)
-        report["settings"][label] = evaluate(pipeline, reference, cache, options)
-    print(markdown(report))
+    reports = [run_set(pipeline, name, spec, args, chosen) for name, spec in sets.items()]
+    print("\n\n".join(markdown(r) for r in reports))
+    if len(reports) > 1:
+        print("\n" + worst_of(reports))
     if args.plot is not None:
-        plot(report, args.plot)
+        plot(reports, args.plot)
     if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        args.json.write_text(json.dumps(reports if len(reports) > 1 else reports[0], indent=1) + "\n")
 
 
 if __name__ == "__main__":
