@@ -35,6 +35,7 @@ from anima_rknn.generation.params import GenerationParams
 from anima_rknn.generation.pipeline import AnimaPipeline
 from anima_rknn.generation.result import Conditioning
 from anima_rknn.model.model_set import from_model_dir
+from anima_rknn.sampling.auto_cache import may_differ
 
 # (label, cache, options): the fixed schedules at their defaults, and auto along its tolerance and budget axes.
 SETTINGS = (
@@ -126,6 +127,8 @@ def evaluate(pipeline: AnimaPipeline, reference: Reference, cache: str, options:
     if rows[0]["estimate"] is not None:
         # A larger estimated error should mean a lower PSNR: report the correlation of -estimate with PSNR.
         entry["spearman"] = spearman([-r["estimate"] for r in rows], list(psnrs))
+        flagged, low = np.array([may_differ(r["estimate"]) for r in rows]), psnrs < 30
+        entry["flag"] = {"flagged": int(flagged.sum()), "caught": int((flagged & low).sum())}
     return entry
 
 
@@ -134,13 +137,15 @@ def markdown(report: dict) -> str:
              f"noise seeds {report['seed']}+), {report['steps']} steps, CFG {report['cfg']:g}; uncached: "
              f"{2 * report['steps']} passes, adherence {report['reference_adherence']:.0%}.", "",
              "| policy | passes mean / max | PSNR mean / median / worst (dB) | below 30 / 20 dB | SSIM mean / worst | "
-             "adherence | estimate vs PSNR (Spearman) |", "|---|---|---|---|---|---|---|"]
+             "adherence | estimate vs PSNR (Spearman) | flagged (of them below 30 dB) |",
+             "|---|---|---|---|---|---|---|---|"]
     for label, e in report["settings"].items():
         p, s = e["psnr"], e["ssim"]
         rank = f"{e['spearman']:.2f}" if "spearman" in e else ""
+        flag = f"{e['flag']['flagged']} ({e['flag']['caught']})" if "flag" in e else ""
         lines.append(f"| {label} | {e['passes']['mean']:.1f} / {e['passes']['max']} | {p['mean']:.1f} / "
                      f"{p['median']:.1f} / {p['worst']:.1f} | {e['below']['30']} / {e['below']['20']} | "
-                     f"{s['mean']:.4f} / {s['worst']:.4f} | {e['adherence']:.0%} | {rank} |")
+                     f"{s['mean']:.4f} / {s['worst']:.4f} | {e['adherence']:.0%} | {rank} | {flag} |")
     return "\n".join(lines)
 
 
