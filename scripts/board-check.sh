@@ -107,6 +107,7 @@ make_root() {
   # pip inside the root reaches PyPI through this host's network settings and CA bundle (a file of its own:
   # Debian's ca-certificates, which python3-venv pulls in, rewrites ca-certificates.crt).
   cp /etc/resolv.conf "$board/etc/resolv.conf"
+  mkdir -p "$board/etc/ssl"  # a new minbase root has no /etc/ssl until apt installs ca-certificates
   cp /etc/ssl/certs/ca-certificates.crt "$board/etc/ssl/host-ca-bundle.crt"
   mount_root
   if [ ! -e "$ready" ]; then
