@@ -55,17 +55,6 @@ UNMEASURED_LEVEL = 1.0
 # mixtures (spectrum_testbed.py --testbed-seed 1), where 1 from 0.8 won 13 of 15.
 PLAN_GROWTH = (0.5, 1.2)
 PLAN_GAIN, PLAN_SIGMA = 1.0, 0.8
-# An error estimate above this flags the image as one that may differ visibly from the uncached one (issue 24's
-# "under 30 dB"). Chosen on the demo tuning set alone, pooled over auto's settings there (budgets 7-10, tol 0.025-
-# 0.1: 192 images, 23 under 30 dB): recall 0.87 at precision 0.65. Two other rules tried there did no better (the
-# mean measured error below sigma 0.5: 0.87 / 0.61; the geometric mean of both: 0.83 / 0.66).
-FLAG_ESTIMATE = 0.35
-
-
-def may_differ(estimate: float) -> bool:
-    """Whether an auto run's error estimate flags its image as one that may differ visibly from the uncached one
-    (what a run's record shows next to the estimate)."""
-    return estimate > FLAG_ESTIMATE
 
 
 class AutoCache:
@@ -165,12 +154,6 @@ class AutoCache:
     def error_estimate(self) -> float:
         """Estimated relative L2 distance of the final latent from the uncached run's."""
         return self._settled + self._open_estimate()
-
-    @property
-    def may_differ(self) -> bool:
-        """The run's estimate flags this image as one that may differ visibly from the uncached one; made from the
-        estimate alone, so a resumed run flags as the whole run would."""
-        return may_differ(self.error_estimate)
 
     @property
     def measured_errors(self) -> list[float | None]:

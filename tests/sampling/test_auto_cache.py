@@ -220,20 +220,3 @@ def test_a_budget_of_just_the_warm_up_forecasts_the_rest_and_says_it_measured_no
     result = run(denoise, 0, {"budget": 2, "warmup": 2})
     assert result.computed_steps == [1, 2] and result.finite
     assert result.error_estimate > 1  # charged as if every forecast were off by a whole x0
-
-
-def test_the_flag_marks_a_run_whose_estimate_is_past_the_line_and_survives_a_resume(denoise):
-    """may_differ is the estimate against FLAG_ESTIMATE: a run of no forecasts is never flagged, a run that measured
-    nothing and forecast the rest always is, and a restored cache flags as the one it was saved from."""
-    from anima_rknn.sampling.auto_cache import FLAG_ESTIMATE, may_differ
-
-    exact, blind = make_cache("auto", 20, {"tol": 0.0}), make_cache("auto", 20, {"budget": 2, "warmup": 2})
-    for cache in (exact, blind):
-        sample(SAMPLERS["euler"], denoise, initial_noise(64, [0]), flow_sigmas(20), cache)
-    assert exact.error_estimate == 0.0 and not exact.may_differ
-    assert blind.error_estimate > FLAG_ESTIMATE and blind.may_differ
-    assert not may_differ(FLAG_ESTIMATE) and may_differ(np.nextafter(FLAG_ESTIMATE, 1.0))
-    restored = make_cache("auto", 20, {"budget": 2, "warmup": 2})
-    restored.restore(blind.state())
-    restored.set_sigmas(flow_sigmas(20))
-    assert restored.may_differ and restored.error_estimate == blind.error_estimate
