@@ -15,5 +15,9 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
     echo "warning: chromium or chromium-driver missing and not root: tests/server/test_page.py will fail" >&2
   fi
 fi
+# One thread for torch and ONNX Runtime, here and in every process a test starts (threads auto reads it): the tiny
+# models gain nothing from more, and two threads spinning on a shared 2-core machine made some tests 5-20x slower.
+# The tests of thread counts set their own.
+export OMP_NUM_THREADS=1
 .venv/bin/python -m pytest -q "$@"
 .venv-rknn/bin/python -m pytest -q tests/export/test_rknn.py tests/engine/test_rknn_backend.py tests/engine/test_memory_plan.py tests/cli/test_rknn_cli.py tests/cli/test_vae_rknn_cli.py "$@"
