@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from folder_locks import held
 
 from anima_rknn.batch.results import RESULTS
 
@@ -121,20 +122,6 @@ def test_another_batch_s_folder_is_refused(run_cli, model_dir, tmp_path, one_thr
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
 
 
-def _held(folder) -> bool:
-    """Whether another process holds `folder`'s lock (a running batch's)."""
-    import fcntl
-
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-
-
 def test_a_second_batch_into_a_running_batch_s_folder_is_refused(run_cli, model_dir, tmp_path, one_thread):
     """Two batches at once into one --out (different jobs) would each rewrite results.jsonl with their own
     records: the second is refused in one line while the first holds the folder's lock, and writes nothing."""
@@ -147,7 +134,7 @@ def test_a_second_batch_into_a_running_batch_s_folder_is_refused(run_cli, model_
                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
         try:
             deadline = time.monotonic() + 240
-            while not (out / RESULTS).is_file() or not _held(out):  # the first's records begin
+            while not (out / RESULTS).is_file() or not held(out):  # the first's records begin
                 assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "log").read_text()
                 time.sleep(0.02)
             second = run_cli("batch", tmp_path / "b.txt", "--model", model_dir, *FAST, "-o", out)

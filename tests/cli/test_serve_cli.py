@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from folder_locks import held
 from PIL import Image
 
 openai = pytest.importorskip("openai")
@@ -123,18 +124,6 @@ def _rss(pid: int) -> int:
         return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
 
 
-def _held(folder: Path) -> bool:
-    """Whether another process holds `folder`'s lock (a running server's data dir)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-
-
 def test_a_real_server_takes_its_secrets_privately_and_holds_its_port_and_data_dir(run_cli, tmp_path):
     key, user, password = "key-from-env-3f9", "ann", "pw-from-file-7c1"
     auth_file = _secret_file(tmp_path / "auth", f"{user}:{password}\n")
@@ -146,7 +135,7 @@ def test_a_real_server_takes_its_secrets_privately_and_holds_its_port_and_data_d
         try:
             deadline = time.monotonic() + 300
             # The port and the data dir are taken first, before the model loads.
-            while not (_accepts(port) and data.is_dir() and _held(data)):
+            while not (_accepts(port) and data.is_dir() and held(data)):
                 assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()
                 time.sleep(0.1)
             # A second server on its data dir, a third on its port, while it loads: refused in one line each. Run
