@@ -104,6 +104,9 @@ class GenerationResult:
             "recomputed_steps": sample.recomputed_steps,
             "cache_error_estimate": sample.error_estimate,  # None: the cache does not measure itself
             "finite": self.finite,
+            # The step (of all passes') whose latent turned NaN/Inf, where the run ended; None: it did not.
+            "nonfinite_step": (None if sample.nonfinite_at is None else sample.nonfinite_at + sum(
+                p.steps_run for p in params.passes()[:self.denoised.pass_index])),
             "image_size": list(self.image.size) if self.image is not None else None,
             # Interrupted (A1111's /interrupt): the steps done of all passes', the picture that step's x0.
             "interrupted": (None if self.interrupted_at is None
@@ -233,7 +236,10 @@ class NotFinite(AnimaError):
     same (image None, finite false), for a front end that reports it."""
 
     def __init__(self, record: dict[str, Any]) -> None:
-        super().__init__("the final latent is not finite (NaN/Inf); no image was written")
+        step, total = record.get("nonfinite_step"), sum(p["steps_run"] for p in record.get("passes", []))
+        super().__init__("the final latent is not finite (NaN/Inf); no image was written" if step is None else
+                         f"the latent turned non-finite (NaN/Inf) at step {step} of {total}, where the run "
+                         "stopped; no image was written")
         self.record = record
 
 

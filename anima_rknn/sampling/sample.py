@@ -63,6 +63,7 @@ class SampleResult:
     finite: bool
     error_estimate: float | None = None  # the cache's own estimate of its distance from the uncached run
     interrupted_at: int | None = None  # interrupted after this step: `latent` is that step's x0
+    nonfinite_at: int | None = None  # the step whose latent turned NaN/Inf: the run ended there
 
 
 def step_noise(seed: int, shape: tuple[int, ...]) -> Callable[[int, int], np.ndarray]:
@@ -158,7 +159,7 @@ def sample(sampler: Sampler, denoise: Denoiser, x: np.ndarray, sigmas: np.ndarra
         if inpaint is not None:
             x = inpaint.blend(x, float(sigmas[index + 1]))
         if not np.isfinite(x).all():
-            break
+            return _result(x, cache, recomputed, model, nonfinite_at=step)
         if callback is not None:
             now = time.perf_counter()
             callback(StepEvent(step, total, float(sigmas[index]), float(sigmas[index + 1]), x, x0,
@@ -171,11 +172,11 @@ def sample(sampler: Sampler, denoise: Denoiser, x: np.ndarray, sigmas: np.ndarra
 
 
 def _result(latent: np.ndarray, cache: CachePolicy, recomputed: list[int], model: _CachedModel,
-            interrupted_at: int | None = None) -> SampleResult:
+            interrupted_at: int | None = None, nonfinite_at: int | None = None) -> SampleResult:
     return SampleResult(latent=latent, computed_steps=cache.computed_steps, skipped_steps=cache.skipped_steps,
                         recomputed_steps=list(recomputed), model_calls=model.runs,
                         finite=bool(np.isfinite(latent).all()), error_estimate=cache.error_estimate,
-                        interrupted_at=interrupted_at)
+                        interrupted_at=interrupted_at, nonfinite_at=nonfinite_at)
 
 
 def _no_noise(index: int, draw: int) -> np.ndarray:

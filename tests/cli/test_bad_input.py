@@ -253,7 +253,7 @@ def _poisoned(source: Path, folder: Path, pick: str) -> Path:
 
 
 @pytest.mark.parametrize("part, pick, pattern", [
-    ("dit", "final_layer.linear.weight", "the final latent is not finite"),
+    ("dit", "final_layer.linear.weight", "the latent turned non-finite (NaN/Inf) at step 1 of 2, where the run stopped"),
     ("dit", "llm_adapter.", "the prompt conditioning is not finite"),
     ("text_encoder", "embed_tokens", "the prompt conditioning is not finite"),
     ("vae", "decoder.head", "the VAE decoded non-finite pixels"),

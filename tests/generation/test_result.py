@@ -110,9 +110,12 @@ def test_a_result_that_is_not_finite_is_refused_and_nothing_is_written(not_finit
     with pytest.raises(NotFinite) as refused:
         publish(not_finite, path if to_path else None, image="where.png")
     assert isinstance(refused.value, AnimaError)
-    assert str(refused.value) == "the final latent is not finite (NaN/Inf); no image was written"
+    total = sum(p.steps_run for p in PARAMS.passes())
+    assert str(refused.value) == (f"the latent turned non-finite (NaN/Inf) at step 1 of {total}, where the run "
+                                  "stopped; no image was written")
     record = refused.value.record
     assert record == not_finite.summary(None) and record["image"] is None and record["finite"] is False
+    assert record["nonfinite_step"] == 1 and not_finite.denoised.transformer_passes == 2  # no step after it
     assert not path.exists() and list(tmp_path.iterdir()) == []  # not even a temporary
 
 
