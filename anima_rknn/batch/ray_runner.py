@@ -23,6 +23,7 @@ from typing import Any
 from ..bench.run import Sweep
 from ..checks import is_number
 from ..core.files import cache_dir
+from ..core.memory import freeze_long_lived
 from ..errors import AnimaError
 from ..model.model_set import ModelFiles
 from ..sampling.sample import StepCallback
@@ -107,6 +108,7 @@ class RemoteWorker(Worker):
         except AnimaError as e:
             self.name = worker_name()
             self.failed = f"{self.name}: {e}"
+        freeze_long_lived()  # the actor's process has imported what its jobs run
 
     def check(self, expected: Expected, driver_version: str) -> tuple[str, str | None]:
         return (self.name, self.failed) if self.failed else super().check(expected, driver_version)

@@ -9,6 +9,7 @@ import sys
 
 import click
 
+from ..core.memory import freeze_long_lived
 from ..errors import AnimaError, Terminated
 from .group import cli
 
@@ -26,6 +27,8 @@ def main() -> None:
 
     SIGTERM and SIGHUP (a closed ssh session) unwind like Ctrl-C, so no temporary file outlives them."""
     from . import commands  # noqa: F401  (registers the commands)
+
+    freeze_long_lived()  # every module the commands import is loaded now
 
     for signum in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup and friends stay in force

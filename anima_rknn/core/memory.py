@@ -35,6 +35,17 @@ def return_freed_memory() -> None:
         _MALLOC_TRIM(0)
 
 
+def freeze_long_lived() -> None:
+    """The objects alive now (the modules of a process that has just imported what it runs) frozen out of the
+    collector's later scans, once per process. return_freed_memory's gc.collect() then walks only the work's own
+    objects: over a serve process's ~400,000 module objects each collection cost 0.6 s, several a generation
+    (a demo-model job 2.5 s -> 1.5 s; benchmarks/gc_freeze.py). Frozen objects are still freed when their last
+    reference goes; only a reference cycle among them would be kept, and modules live as long as the process."""
+    if gc.get_freeze_count() == 0:
+        gc.collect()
+        gc.freeze()
+
+
 def status_bytes(field: str) -> int | None:
     """A size from /proc/self/status (VmRSS, VmHWM, ...) in bytes; None where there is no such file or field."""
     try:
