@@ -184,7 +184,8 @@ def adherence_table(judged: Sequence[Judged]) -> str:
             continue  # a prompt set without the LoRA concept
         scores = adherence(judged, keep)
         n = sum(keep(j) for j in judged)
-        lines.append(f"{name:<10}{n:>4}" + "".join(f"{scores.get(a, float('nan')):>12.0%}" for a in (*ATTRIBUTES, "all")))
+        lines.append(f"{name:<10}{n:>4}"
+                     + "".join(f"{scores.get(a, float('nan')):>12.0%}" for a in (*ATTRIBUTES, "all")))
     return "\n".join(lines)
 
 
