@@ -223,8 +223,8 @@ def _peak_reset() -> None:
 
 @pytest.mark.parametrize("path, limit", [("/api/jobs", MAX_IMAGE_BODY_BYTES), ("/sdapi/v1/txt2img", MAX_BODY_BYTES)])
 def test_a_chunked_body_past_the_limit_is_refused_as_it_arrives(server, path, limit):
-    """No Content-Length to refuse it by: it is counted as it comes, refused once past the route's limit, and
-    what was read of it does not stay in memory."""
+    """No Content-Length to refuse it by: it is counted as it comes, refused once past the route's limit (a body
+    of three times the limit and more is not read whole), and what was read of it does not stay in memory."""
     url, _ = server
     host, port = url.removeprefix("http://").split(":")
     before = status_bytes("VmRSS")
@@ -233,12 +233,18 @@ def test_a_chunked_body_past_the_limit_is_refused_as_it_arrives(server, path, li
         s.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
                   "Transfer-Encoding: chunked\r\n\r\n".encode())
         chunk = b"a" * (1 << 20)
-        for _ in range(limit // len(chunk) + 8):
-            s.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        try:
+            for _ in range((3 * limit + (32 << 20)) // len(chunk)):  # more than the bound below
+                s.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        except (BrokenPipeError, ConnectionResetError):  # refused and closed while the rest was on its way
+            pass
         answer = s.recv(4096)
     assert answer.startswith(b"HTTP/1.1 413") and b"request body over" in answer
     peak, after = status_bytes("VmHWM"), status_bytes("VmRSS")
-    assert peak - before < limit + (24 << 20), (peak - before) >> 20  # the limit's worth once, not twice
+    # At most the limit's worth, held in one growing buffer: twice that at the moment a growth copies it (where
+    # glibc keeps a large block in the heap rather than in its own mapping, which it does once the process has
+    # freed large blocks before, as a long-running server has), never the 3x body.
+    assert peak - before < 2 * limit + (24 << 20), (peak - before) >> 20
     assert after - before < 16 << 20, (after - before) >> 20
 
 
