@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from ..core.files import json_text, write_text
-from ..generation.params import GenerationParams
 from ..generation.result import call_noun, dtype_ran, image_to_image_record
 from ..sampling.samplers import SAMPLERS
 from . import DEFAULT_MIN_PSNR, metrics
@@ -65,11 +64,6 @@ def policy_name(sampler: str, cache: str, several: bool) -> str:
 
 def _stats(values: Sequence[float]) -> dict[str, Any]:
     return {"min": min(values), "median": statistics.median(values), "all": list(values)}
-
-
-def steps_run(params: GenerationParams) -> int:
-    """The steps a run of `params` makes: every pass's, each an img2img pass's truncated schedule."""
-    return sum(denoise_pass.steps_run for denoise_pass in params.passes())
 
 
 def _passes(policy: PolicyRuns) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
@@ -254,7 +248,7 @@ def build_report(result: BenchResult, model_name: str, thresholds: Thresholds | 
             "eta": params.eta, "s_noise": params.s_noise, "dtype": dtype_ran(params),
             "threads": params.threads, "backend": params.backend, "vae_tile": result.decode.tile,
             "vae_backend": result.decode.backend,
-            "steps_run": steps_run(params), "image_size": list(image_size) if image_size else None,
+            "steps_run": params.steps_run(), "image_size": list(image_size) if image_size else None,
             "passes": [{"width": p.width, "height": p.height, "steps": p.steps, "start": p.start,
                         "steps_run": p.steps_run} for p in params.passes()],
             **image_to_image_record(params),

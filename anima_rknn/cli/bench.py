@@ -129,7 +129,7 @@ def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, caches, s
                   holds="a bench report" if (out_dir / "report.json").exists() else "other files")
 
     # A run's steps: every pass's, an img2img pass's truncated schedule (the step events count them so).
-    sides, steps = len(sweep.samplers or (params.sampler,)) * (1 + len(cache_names)), report_module.steps_run(params)
+    sides, steps = len(sweep.samplers or (params.sampler,)) * (1 + len(cache_names)), params.steps_run()
     with contextlib.ExitStack() as stack, tqdm(total=len(jobs) * repeat * sides * steps, desc="bench", unit="step",
                                                file=sys.stderr, dynamic_ncols=True) as bar:
         ray = open_ray_runner(stack, ray_address, ray_resources, ray_workers, files, expected, keep_models=True,

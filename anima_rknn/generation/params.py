@@ -325,6 +325,11 @@ class GenerationParams:
             width = height * self.width / self.height
         return int(width) // 16 * 16, int(height) // 16 * 16
 
+    def steps_run(self) -> int:
+        """The steps the run makes over all its passes (an img2img pass's truncated schedule), as its step events
+        count them."""
+        return sum(denoise_pass.steps_run for denoise_pass in self.passes())
+
     def passes(self) -> list[DenoisePass]:
         """The denoising passes this run makes: one (txt2img; img2img over the last steps x strength steps,
         rounded up), or with the hires fix a txt2img pass and an img2img one at the hires size."""

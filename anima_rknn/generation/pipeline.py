@@ -424,8 +424,9 @@ class AnimaPipeline:
         vae_encode_s = decode_s = 0.0
         interrupted_at: int | None = None
         for index in range(first, len(passes)):
+            before = sum(p.steps_run for p in passes[:index])  # the earlier passes' steps: events count all
             if done and interrupt is not None and interrupt():  # between passes: the first pass's picture
-                interrupted_at = sum(p.steps_run for p in passes[:index])
+                interrupted_at = before
                 break
             resumed = resume if index == first else None
             start, encode_s, first_decode_s = self._pass_start(params, plan, passes, index, source, latent, resumed)
@@ -433,12 +434,11 @@ class AnimaPipeline:
             listener = _pass_progress(on_step, passes, index)
             if checkpoints is not None:
                 listener = checkpoints.listener(params, fingerprints, conditioning, listener, resumed, index)
-            before = sum(p.steps_run for p in passes[:index])
             try:
                 done.append(self.denoise(conditioning, params, on_step=listener, resume=resumed, start=start,
                                          interrupt=interrupt))
             except Interrupted as stopped:  # told in steps of the whole run, as the step events are
-                raise Interrupted(stopped.path, before + stopped.step, sum(p.steps_run for p in passes)) from None
+                raise Interrupted(stopped.path, before + stopped.step, params.steps_run()) from None
             latent = done[-1].sample.latent
             if done[-1].sample.interrupted_at is not None:
                 interrupted_at = before + done[-1].sample.interrupted_at

@@ -110,7 +110,7 @@ class GenerationResult:
             "image_size": list(self.image.size) if self.image is not None else None,
             # Interrupted (A1111's /interrupt): the steps done of all passes', the picture that step's x0.
             "interrupted": (None if self.interrupted_at is None
-                            else {"step": self.interrupted_at, "total": sum(p.steps_run for p in params.passes())}),
+                            else {"step": self.interrupted_at, "total": params.steps_run()}),
             "passes": [self._pass_record(params.passes()[d.pass_index], d) for d in self.denoised_passes()],
         } | image_to_image_record(params)
 
@@ -184,7 +184,7 @@ def png_parameters(params: GenerationParams, model_name: str, result: Generation
         if result.denoised.sample.error_estimate is not None:
             fields.append(f"Cache error estimate: {result.denoised.sample.error_estimate:.4g}")
     if result is not None and result.interrupted_at is not None:
-        fields.append(f"Interrupted: step {result.interrupted_at}/{sum(p.steps_run for p in params.passes())}")
+        fields.append(f"Interrupted: step {result.interrupted_at}/{params.steps_run()}")
     vae_backend = (result.vae_backend if result is not None else None) or params.vae_backend
     fields.append(f"VAE backend: {vae_backend}")  # without a result, auto is what was asked (not what decoded)
     prompt = params.prompt
