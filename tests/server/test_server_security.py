@@ -227,19 +227,21 @@ def test_a_chunked_body_past_the_limit_is_refused_as_it_arrives(server, path, li
     # server still holds the body.
     chunk = b"a" * (1 << 20)
     tracemalloc.start()
-    with socket.create_connection((host, int(port)), timeout=60) as s:
-        s.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                  "Transfer-Encoding: chunked\r\n\r\n".encode())
-        try:
-            for _ in range((3 * limit + (32 << 20)) // len(chunk)):  # more than the bound below
-                s.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-        except (BrokenPipeError, ConnectionResetError):  # refused and closed while the rest was on its way
-            pass
-        answer = s.recv(4096)
-    time.sleep(0.5)  # the server's side of the closed connection let go
+    try:
+        with socket.create_connection((host, int(port)), timeout=60) as s:
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                      "Transfer-Encoding: chunked\r\n\r\n".encode())
+            try:
+                for _ in range((3 * limit + (32 << 20)) // len(chunk)):  # more than the bound below
+                    s.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            except (BrokenPipeError, ConnectionResetError):  # refused and closed while the rest was on its way
+                pass
+            answer = s.recv(4096)
+        time.sleep(0.5)  # the server's side of the closed connection let go
+        after, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
     assert answer.startswith(b"HTTP/1.1 413") and b"request body over" in answer
-    after, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
     # At most the limit's worth, held in one growing buffer: twice that at the moment a growth copies it, never
     # the 3x body; and once refused, none of it kept.
     assert peak < 2 * limit + (24 << 20), peak >> 20
