@@ -35,6 +35,7 @@ from anima_rknn.generation.params import GenerationParams
 from anima_rknn.generation.pipeline import AnimaPipeline
 from anima_rknn.generation.result import Conditioning
 from anima_rknn.model.model_set import from_model_dir
+from anima_rknn.sampling.samplers import SAMPLERS
 
 # (label, cache, options): the fixed schedules at their defaults, and auto along its tolerance and budget axes.
 SETTINGS = (
@@ -70,11 +71,12 @@ class Reference:
     """The uncached runs of a prompt set: settings, encodings, final latents and images, optionally kept on disk."""
 
     def __init__(self, pipeline: AnimaPipeline, prompts: int, prompt_seed: int, seed: int, steps: int, cfg: float,
-                 folder: Path | None) -> None:
+                 folder: Path | None, sampler: str = "euler") -> None:
         self.specs = prompt_set(prompts, prompt_seed)
         self.params = [GenerationParams(prompt=spec.caption, width=IMAGE_SIZE, height=IMAGE_SIZE, steps=steps,
-                                        cfg=cfg, seed=seed + i) for i, spec in enumerate(self.specs)]
-        name = f"ref_p{prompts}_ps{prompt_seed}_s{seed}_n{steps}_c{cfg:g}.npz"
+                                        cfg=cfg, seed=seed + i, sampler=sampler) for i, spec in enumerate(self.specs)]
+        under = "" if sampler == "euler" else f"_{sampler}"  # euler's files keep their earlier names
+        name = f"ref_p{prompts}_ps{prompt_seed}_s{seed}_n{steps}_c{cfg:g}{under}.npz"
         path = folder / name if folder is not None else None
         if path is not None and path.exists():
             stored = np.load(path)
@@ -140,7 +142,8 @@ def evaluate(pipeline: AnimaPipeline, reference: Reference, cache: str, options:
 
 def markdown(report: dict) -> str:
     lines = [f"`{report['set']}`: demo model, {report['prompts']} prompts (prompt-set seed {report['prompt_seed']}, "
-             f"noise seeds {report['seed']}+), {report['steps']} steps, CFG {report['cfg']:g}; uncached: "
+             f"noise seeds {report['seed']}+), {report['sampler']}, {report['steps']} steps, CFG {report['cfg']:g}; "
+             f"uncached: "
              f"{2 * report['steps']} passes, adherence {report['reference_adherence']:.0%}.", "",
              "| policy | passes mean / max | PSNR mean / median / worst (dB) | below 30 / 20 dB | SSIM mean / worst | "
              "adherence | estimate vs PSNR (Spearman) | flagged (of them below 30 dB) |",
@@ -211,7 +214,8 @@ def plot(reports: list[dict], path: Path) -> None:
     first = reports[0]
     axes.set_xlabel(f"transformer passes per image (mean; uncached: {2 * first['steps']})")
     axes.set_ylabel("PSNR vs uncached image (dB)")
-    axes.set_title(f"Demo model, {first['steps']} steps, CFG {first['cfg']:g}; filled: mean, open: worst image")
+    axes.set_title(f"Demo model, {first['sampler']}, {first['steps']} steps, CFG {first['cfg']:g}; filled: mean, "
+                   "open: worst image")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: the worst points sit low
     figure.tight_layout()
@@ -221,9 +225,10 @@ def plot(reports: list[dict], path: Path) -> None:
 def run_set(pipeline: AnimaPipeline, name: str, spec: tuple[int, int, int], args: argparse.Namespace,
             chosen: list) -> dict:
     prompts, prompt_seed, seed = spec
-    reference = Reference(pipeline, prompts, prompt_seed, seed, args.steps, args.cfg, args.reference_dir)
+    reference = Reference(pipeline, prompts, prompt_seed, seed, args.steps, args.cfg, args.reference_dir, args.sampler)
     report = {"set": name, "prompts": prompts, "prompt_seed": prompt_seed, "seed": seed, "steps": args.steps,
-              "cfg": args.cfg, "reference_adherence": adherence(judge(reference.specs, reference.images))["all"],
+              "cfg": args.cfg, "sampler": args.sampler,
+              "reference_adherence": adherence(judge(reference.specs, reference.images))["all"],
               "flag_estimate": args.flag_estimate, "settings": {}}
     for label, cache, options in chosen:
         print(f"{name}: running {label}", file=sys.stderr)
@@ -242,6 +247,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None, help="an ad-hoc set: noise seed of the first prompt")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--cfg", type=float, default=4.0)
+    parser.add_argument("--sampler", default="euler", choices=sorted(SAMPLERS),
+                        help="every run's sampler, the uncached reference's too (its noise is keyed by step)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reference-dir", type=Path, default=None, help="keep the uncached runs here")
     parser.add_argument("--only", default=None, help="comma list of setting labels to run (default: all)")
