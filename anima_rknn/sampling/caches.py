@@ -32,8 +32,8 @@ _TRUE_WORDS, _FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "of
 
 class CachePolicy(Protocol):
     """Before the first call the sampler loop hands over the sigma of every model call the run makes and the
-    run's final sigma (set_sigmas); then per call it calls should_skip(), then forecast(x) or record(x, x0), x
-    being the latent the model is asked about.
+    run's final sigma, and whether the sampler adds fresh noise on its steps (set_sigmas); then per call it calls
+    should_skip(), then forecast(x) or record(x, x0), x being the latent the model is asked about.
 
     A non-finite forecast is taken back with withdraw_forecast(); the loop then record()s the model's x0 for
     that same call. state() / restore() carry a run across a stop and resume:
@@ -43,7 +43,7 @@ class CachePolicy(Protocol):
     name: str
     num_steps: int
 
-    def set_sigmas(self, sigmas: np.ndarray) -> None: ...
+    def set_sigmas(self, sigmas: np.ndarray, fresh_noise: bool = False) -> None: ...
 
     def should_skip(self) -> bool: ...
 
@@ -78,7 +78,7 @@ class NoCache:
         self.num_steps = num_steps
         self._recorded = 0
 
-    def set_sigmas(self, sigmas: np.ndarray) -> None:
+    def set_sigmas(self, sigmas: np.ndarray, fresh_noise: bool = False) -> None:
         pass  # every step is computed, whatever the sigmas
 
     def should_skip(self) -> bool:
@@ -122,8 +122,8 @@ class ReuseCache:
         self.schedule, self.num_steps = schedule, schedule.num_steps
         self._last_x0: np.ndarray | None = None
 
-    def set_sigmas(self, sigmas: np.ndarray) -> None:
-        pass  # a fixed schedule, blind to the sigmas
+    def set_sigmas(self, sigmas: np.ndarray, fresh_noise: bool = False) -> None:
+        pass  # a fixed schedule, blind to the sigmas; it reuses x0, which fresh noise does not touch
 
     def should_skip(self) -> bool:
         return self.schedule.should_skip()

@@ -372,6 +372,11 @@ class Sampler:
     takes_eta: bool = False  # eta: how much of each step is stochastic (default 1)
     takes_s_noise: bool = False  # s_noise: a scale on the noise added back (default 1)
     aliases: tuple[str, ...] = ()  # other A1111 / k-diffusion spellings
+    draws_noise: bool = False  # adds fresh noise to the latent on its steps (ancestral, SDE, LCM)
+
+    def adds_noise(self, eta: float, s_noise: float) -> bool:
+        """Whether a run with these settings adds fresh noise (eta 0 or s_noise 0 turns it off where taken)."""
+        return self.draws_noise and (s_noise > 0 or not self.takes_s_noise) and (eta > 0 or not self.takes_eta)
 
 
 def _one_call(sigmas: np.ndarray, index: int) -> list[float]:
@@ -396,19 +401,20 @@ def _pece_calls(sigmas: np.ndarray, index: int) -> list[float]:
 SAMPLERS: dict[str, Sampler] = {s.name: s for s in (
     Sampler("euler", "Euler", euler, _one_call, aliases=("k_euler", "Euler (flow)", "euler_flow")),
     Sampler("euler_ancestral", "Euler a", euler_ancestral, _one_call, takes_eta=True, takes_s_noise=True,
-            aliases=("k_euler_a", "euler_a", "Euler Ancestral")),
+            aliases=("k_euler_a", "euler_a", "Euler Ancestral"), draws_noise=True),
     Sampler("heun", "Heun", heun, _heun_calls, aliases=("k_heun",)),
     Sampler("dpmpp_2m", "DPM++ 2M", dpmpp_2m, _one_call, aliases=("k_dpmpp_2m",)),
     Sampler("dpmpp_2m_sde", "DPM++ 2M SDE", dpmpp_2m_sde, _one_call, takes_eta=True, takes_s_noise=True,
-            aliases=("k_dpmpp_2m_sde",)),
+            aliases=("k_dpmpp_2m_sde",), draws_noise=True),
     Sampler("dpmpp_sde", "DPM++ SDE", dpmpp_sde, _dpmpp_sde_calls, takes_eta=True, takes_s_noise=True,
-            aliases=("k_dpmpp_sde",)),
-    Sampler("er_sde", "ER SDE", er_sde, _one_call, takes_s_noise=True, aliases=("ER-SDE",)),
-    Sampler("sa_solver", "SA-Solver", sa_solver, _one_call, takes_eta=True, takes_s_noise=True, aliases=("SA Solver",)),
+            aliases=("k_dpmpp_sde",), draws_noise=True),
+    Sampler("er_sde", "ER SDE", er_sde, _one_call, takes_s_noise=True, aliases=("ER-SDE",), draws_noise=True),
+    Sampler("sa_solver", "SA-Solver", sa_solver, _one_call, takes_eta=True, takes_s_noise=True, aliases=("SA Solver",),
+            draws_noise=True),
     Sampler("sa_solver_pece", "SA-Solver PECE", sa_solver_pece, _pece_calls, takes_eta=True, takes_s_noise=True,
-            aliases=("SA Solver PECE",)),
+            aliases=("SA Solver PECE",), draws_noise=True),
     Sampler("res_multistep", "Res Multistep", res_multistep, _one_call, aliases=("RES Multistep",)),
-    Sampler("lcm", "LCM", lcm, _one_call, aliases=("k_lcm",)),
+    Sampler("lcm", "LCM", lcm, _one_call, aliases=("k_lcm",), draws_noise=True),
 )}
 SAMPLER_NAMES = tuple(SAMPLERS)
 _BY_CASEFOLDED = {text.casefold(): s.name for s in SAMPLERS.values() for text in (s.name, s.label, *s.aliases)}

@@ -153,8 +153,8 @@ class Spectrum:
 
     error_estimate = None  # a fixed schedule does not measure its forecasts (see sampling/auto_cache.py)
 
-    def set_sigmas(self, sigmas: np.ndarray) -> None:
-        pass  # sd.cpp's schedule and tau axis count model calls, not sigmas
+    def set_sigmas(self, sigmas: np.ndarray, fresh_noise: bool = False) -> None:
+        pass  # sd.cpp's schedule and tau axis count model calls, not sigmas; it forecasts x0 alone
 
     def should_skip(self) -> bool:
         return self.schedule.should_skip()

@@ -1,9 +1,13 @@
 """The sampler registry: every spelling a user may send maps to one of ours, and nothing else does."""
 
+import numpy as np
 import pytest
 
 from anima_rknn.errors import AnimaError
-from anima_rknn.sampling.samplers import SAMPLER_NAMES, SAMPLERS, sampler_name
+from anima_rknn.sampling.caches import make_cache
+from anima_rknn.sampling.sample import sample
+from anima_rknn.sampling.samplers import SAMPLER_NAMES, SAMPLERS, call_sigmas, sampler_name
+from anima_rknn.sampling.schedule import flow_sigmas
 
 
 def test_every_name_label_and_alias_maps_to_its_sampler_in_any_case():
@@ -24,3 +28,19 @@ def test_the_names_users_send():
 def test_a_name_we_do_not_have_is_refused_with_the_list(text):
     with pytest.raises(AnimaError, match=r"unknown sampler .*choose one of euler \(Euler\), euler_ancestral"):
         sampler_name(text)
+
+
+@pytest.mark.parametrize("name", SAMPLER_NAMES)
+@pytest.mark.parametrize("eta, s_noise", [(1.0, 1.0), (0.0, 1.0), (1.0, 0.0)])
+def test_a_sampler_says_whether_its_latent_takes_fresh_noise(name, eta, s_noise):
+    """What the step caches are told (adds_noise): checked by running the sampler under two noise seeds from the
+    same start, which end apart exactly when the steps add noise."""
+    sampler, sigmas = SAMPLERS[name], flow_sigmas(6)
+    start = np.random.default_rng(0).standard_normal((1, 4, 2, 2)).astype(np.float32)
+
+    def denoise(x, sigma):  # a smooth x0 that depends on the latent, as a model's does
+        return np.tanh(0.5 * x).astype(np.float32)
+
+    ends = [sample(sampler, denoise, start, sigmas, make_cache("none", len(call_sigmas(sampler, sigmas))),
+                   seed=seed, eta=eta, s_noise=s_noise).latent for seed in (1, 2)]
+    assert sampler.adds_noise(eta, s_noise) == (not np.array_equal(*ends))
