@@ -234,12 +234,12 @@ class AutoCache:
     def _predict(self, step: int, x: np.ndarray) -> np.ndarray:
         """x0 of `step`, the model asked about latent x (flat), from the last two computed steps (flat float64, from
         the float32 state)."""
+        if self._fresh_noise:  # the last computed x0, held (module docstring)
+            return self._anchors[-1][1].astype(np.float64)
         (a, x0_a, eps_a), (b, x0_b, eps_b) = ((s, x0.astype(np.float64), e.astype(np.float64))
                                               for s, x0, e in self._anchors[-2:][::-1])
         sigma, sigma_a, sigma_b = self._sigmas[step - 1], self._sigmas[a - 1], self._sigmas[b - 1]
         reach = DAMPING * (sigma - sigma_a) / (sigma_a - sigma_b) if sigma_a != sigma_b else 0.0
-        if self._fresh_noise:
-            return x0_a
         from_x0 = x0_a + reach * (x0_a - x0_b)
         if sigma >= 1.0:
             return from_x0
