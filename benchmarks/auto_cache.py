@@ -10,10 +10,11 @@ and with --json writes the raw figures, per image too (PSNR, the cache's estimat
 Named prompt sets (SETS): `tune`, the one every `auto` setting is chosen on (24 prompts, prompt seed 3, noise
 seeds 5000 + i); `readme`, the README's table (benchmarks/demo_caching.py's 48 prompts, noise seeds 1000 + i);
 `h1`-`h3`, held out for issue 24 (48 prompts each, prompt and noise seeds used nowhere else in the repo: read a
-figure from them, never choose a setting on them). `--sets readme,h1,h2,h3` prints every set's table and then
-the worst set's figures per setting; `--plot` draws one curve per set. --prompts/--prompt-seed/--seed still name
-an ad-hoc set. --reference-dir keeps the uncached latents, images and prompt encodings between runs (a rerun
-only reruns the caches).
+figure from them, never choose a setting on them). `tune-large` (192 prompts, prompt seed 404, noise seeds
+40000 + i) is a second tuning set, for choosing per-image safeguards. `--sets readme,h1,h2,h3` prints every set's
+table and then the worst set's figures per setting; `--plot` draws one curve per set. --prompts/--prompt-seed/
+--seed still name an ad-hoc set. --reference-dir keeps the uncached latents, images and prompt encodings between
+runs (a rerun only reruns the caches).
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ SETS = {
     "h1": (48, 101, 31000),
     "h2": (48, 202, 32000),
     "h3": (48, 303, 33000),
+    # A second tuning set, for per-image safeguards: `tune` holds one image that a single forecast breaks (README,
+    # benchmarks/single_forecast.py), too few to choose a safeguard on; at h1-h3's rate this many hold 5-10.
+    "tune-large": (192, 404, 40000),
 }
 
 
