@@ -39,8 +39,10 @@ def single_forecasts(pipeline: AnimaPipeline, reference: Reference, warmups: lis
         for warmup in warmups:
             params = dataclasses.replace(base, cache="auto", cache_options={"budget": STEPS - 1, "warmup": warmup})
             _, image, denoised, _ = run_one(pipeline, params, reference.conditioning(i))
-            (step,) = denoised.sample.skipped_steps
-            by_step[step] = psnr(reference.images[i], image)
+            if len(denoised.sample.skipped_steps) != 1:
+                raise SystemExit(f"image {i}, warm-up {warmup}: auto forecast {denoised.sample.skipped_steps} "
+                                 "(its forecast refused as non-finite?), not one step")
+            by_step[denoised.sample.skipped_steps[0]] = psnr(reference.images[i], image)
         images.append(by_step)
     return images
 
