@@ -71,6 +71,15 @@ SETS = {
 }
 
 
+def set_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    """The named prompt sets of a comma list, or the parser's one-line error naming the first unknown one."""
+    names = text.split(",")
+    unknown = [n for n in names if n not in SETS]
+    if unknown:
+        parser.error(f"unknown prompt set {unknown[0]!r}; choose from {', '.join(SETS)}")
+    return names
+
+
 class Reference:
     """The uncached runs of a prompt set: settings, encodings, final latents and images, optionally kept on disk."""
 
@@ -268,11 +277,7 @@ def main() -> None:
         readme = SETS["readme"]
         sets = {"ad-hoc": tuple(readme[i] if v is None else v for i, v in enumerate(adhoc))}
     else:
-        names = (args.sets or "readme").split(",")
-        unknown = [n for n in names if n not in SETS]
-        if unknown:
-            parser.error(f"unknown prompt set {unknown[0]!r}; choose from {', '.join(SETS)}")
-        sets = {n: SETS[n] for n in names}
+        sets = {n: SETS[n] for n in set_names(parser, args.sets or "readme")}
     chosen = SETTINGS if args.only is None else [s for s in SETTINGS if s[0] in args.only.split(",")]
     if not chosen:
         parser.error(f"--only names no setting; the labels are: {', '.join(s[0] for s in SETTINGS)}")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from auto_cache import SETS, Reference, run_one
+from auto_cache import SETS, Reference, run_one, set_names
 
 from anima_rknn.bench.metrics import psnr
 from anima_rknn.demo import demo_model_dir
@@ -70,10 +70,7 @@ def main() -> None:
     parser.add_argument("--reference-dir", type=Path, default=None, help="keep the uncached runs here")
     parser.add_argument("--json", type=Path, default=None, help="write {set: [{step: PSNR}, ...]} here")
     args = parser.parse_args()
-    names = args.sets.split(",")
-    unknown = [n for n in names if n not in SETS]
-    if unknown:
-        parser.error(f"unknown prompt set {unknown[0]!r}; choose from {', '.join(SETS)}")
+    names = set_names(parser, args.sets)
     warmups = [int(w) for w in args.warmups.split(",")]
     if any(not 2 <= w < STEPS - 1 for w in warmups):
         parser.error(f"every warm-up must be from 2 to {STEPS - 2}")
