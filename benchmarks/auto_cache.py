@@ -66,7 +66,7 @@ SETS = {
     "h2": (48, 202, 32000),
     "h3": (48, 303, 33000),
     # A second tuning set, for per-image safeguards: `tune` holds one image that a single forecast breaks (README,
-    # benchmarks/single_forecast.py), too few to choose a safeguard on; at h1-h3's rate this many hold 5-10.
+    # benchmarks/single_forecast.py), too few to choose a safeguard on. This one, measured, holds 3.
     "tune-large": (192, 404, 40000),
 }
 

@@ -2,9 +2,9 @@
 
 Issue 24's worst images stay below 30 dB at every budget (benchmarks/auto_cache.py). This asks whether any plan
 could save them at 20 steps: per image, `auto` runs with budget = steps - 1 (one forecast) and warm-up w, so its one
-forecast falls on the first step the plan allows after w; the image's PSNR against the uncached one from the same
-noise says what that single forecast costs. An image whose worst single forecast already costs it 30 dB cannot
-be held at 30 dB by any plan that forecasts near that step, whatever its budget.
+forecast falls on a step its plan picks after w (4, 6, 9, 10, 12, 14, 16, 18 for w = 3, 5, ..., 17); the image's
+PSNR against the uncached one from the same noise says what that single forecast costs. An image that one
+forecast puts below 30 dB cannot be held at 30 dB by any plan that forecasts that step, whatever its budget.
 
     OMP_NUM_THREADS=1 python benchmarks/single_forecast.py --sets tune,h2 --reference-dir REF [--json out.json]
 
