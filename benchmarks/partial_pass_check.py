@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from auto_cache import SETS, Reference, run_one
+from auto_cache import SETS, Reference, run_one, set_names
 
 import anima_rknn.engine.split as split
 import anima_rknn.generation.pipeline as pipeline_module
@@ -160,6 +160,7 @@ def main() -> None:
                         help="also run the check in the plan with the ratio over the run's own measured level")
     parser.add_argument("--reference-dir", type=Path, default=None, help="keep the uncached runs here")
     args = parser.parse_args()
+    names = set_names(parser, args.sets)
     torch.set_num_threads(1)
     first = FirstBlock()
     first.patch()
@@ -191,7 +192,7 @@ def main() -> None:
           f"({coef[2]:.3f} + {coef[3]:.3f} sigma) log d", file=sys.stderr)
     lines = ["| set | budget | check | passes mean | PSNR mean / worst | below 30 | computed by the check / image | "
              "flag vs PSNR | estimate vs PSNR |", "|---|---|---|---|---|---|---|---|---|"]
-    for name in args.sets.split(","):
+    for name in names:
         reference = tune if name == "tune" else Reference(pipeline, *SETS[name], 20, 4.0, args.reference_dir)
         per_image = np.array(tune_misses if name == "tune" else uncached_misses(reference)[1])  # [image, step, (eh, e)]
         ranks = [spearman(list(per_image[:, j, 0]), list(per_image[:, j, 1])) for j in range(per_image.shape[1])]
