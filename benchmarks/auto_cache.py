@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +79,21 @@ def set_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
     if unknown:
         parser.error(f"unknown prompt set {unknown[0]!r}; choose from {', '.join(SETS)}")
     return names
+
+
+def per_set(names: list[str], reference_dir: Path | None, json_path: Path | None,
+            measure: Callable[[AnimaPipeline, Reference], list], report: Callable[[str, list], str],
+            steps: int = 20, cfg: float = 4.0) -> None:
+    """For each named set: its uncached runs, `measure`'s per-image results, `report`'s text printed; then every
+    set's results as JSON ({set: results}) to json_path. One thread, the demo model kept loaded."""
+    torch.set_num_threads(1)
+    pipeline = AnimaPipeline(from_model_dir(demo_model_dir()), keep_dit=True)
+    results = {}
+    for name in names:
+        results[name] = measure(pipeline, Reference(pipeline, *SETS[name], steps, cfg, reference_dir))
+        print(report(name, results[name]) + "\n", flush=True)
+    if json_path is not None:
+        json_path.write_text(json.dumps(results, indent=1) + "\n")
 
 
 class Reference:

@@ -20,21 +20,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from auto_cache import SETS, Reference, run_one, set_names
+from auto_cache import SETS, Reference, per_set, run_one, set_names
 
 from anima_rknn.bench.metrics import psnr, relative_l2, spearman
-from anima_rknn.demo import demo_model_dir
 from anima_rknn.generation.params import GenerationParams
 from anima_rknn.generation.pipeline import AnimaPipeline
 from anima_rknn.generation.result import Conditioning
 from anima_rknn.generation.resume import ResumeState
-from anima_rknn.model.model_set import from_model_dir
 from anima_rknn.sampling.sample import StepEvent
 
 STEPS, CFG = 20, 4.0
@@ -114,15 +111,9 @@ def main() -> None:
     names = set_names(parser, args.sets)
     if not 3 <= args.step < STEPS:
         parser.error(f"--step must be from 3 to {STEPS - 1}")
-    torch.set_num_threads(1)
-    pipeline = AnimaPipeline(from_model_dir(demo_model_dir()), keep_dit=True)
-    results = {}
-    for name in names:
-        reference = Reference(pipeline, *SETS[name], STEPS, CFG, args.reference_dir)
-        results[name] = probe(pipeline, reference, args.step, args.size)
-        print(markdown(name, results[name], args.step, args.size, args.flag_growth) + "\n", flush=True)
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    per_set(names, args.reference_dir, args.json,
+            lambda pipeline, reference: probe(pipeline, reference, args.step, args.size),
+            lambda name, rows: markdown(name, rows, args.step, args.size, args.flag_growth), STEPS, CFG)
 
 
 if __name__ == "__main__":

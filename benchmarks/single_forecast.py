@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
-import torch
-from auto_cache import SETS, Reference, run_one, set_names
+from auto_cache import SETS, Reference, per_set, run_one, set_names
 
 from anima_rknn.bench.metrics import psnr
-from anima_rknn.demo import demo_model_dir
 from anima_rknn.generation.pipeline import AnimaPipeline
-from anima_rknn.model.model_set import from_model_dir
 
 STEPS, CFG = 20, 4.0
 
@@ -74,15 +70,8 @@ def main() -> None:
     warmups = [int(w) for w in args.warmups.split(",")]
     if any(not 2 <= w < STEPS - 1 for w in warmups):
         parser.error(f"every warm-up must be from 2 to {STEPS - 2}")
-    torch.set_num_threads(1)
-    pipeline = AnimaPipeline(from_model_dir(demo_model_dir()), keep_dit=True)
-    results = {}
-    for name in names:
-        reference = Reference(pipeline, *SETS[name], STEPS, CFG, args.reference_dir)
-        results[name] = single_forecasts(pipeline, reference, warmups)
-        print(markdown(name, results[name]) + "\n", flush=True)
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    per_set(names, args.reference_dir, args.json,
+            lambda pipeline, reference: single_forecasts(pipeline, reference, warmups), markdown, STEPS, CFG)
 
 
 if __name__ == "__main__":
