@@ -81,6 +81,11 @@ def set_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
     return names
 
 
+def ratio(part: int, whole: int) -> str:
+    """part / whole to two places, or "-" where there is no whole (a recall on a set without low images)."""
+    return f"{part / whole:.2f}" if whole else "-"
+
+
 def per_set(names: list[str], reference_dir: Path | None, json_path: Path | None,
             measure: Callable[[AnimaPipeline, Reference], list], report: Callable[[str, list], str],
             steps: int = 20, cfg: float = 4.0) -> None:
@@ -188,10 +193,9 @@ def markdown(report: dict) -> str:
     if flags:
         low = sum(e["below"]["30"] for e in report["settings"].values() if "flag" in e)
         flagged, caught = sum(f["flagged"] for f in flags), sum(f["caught"] for f in flags)
-        recall = f"{caught / low:.2f}" if low else "-"
-        precision = f"{caught / flagged:.2f}" if flagged else "-"
         lines += ["", f"Flag (estimate > {report['flag_estimate']:g}) over the auto rows: {low} images below 30 dB, "
-                      f"{flagged} flagged, {caught} of them below 30 dB: recall {recall}, precision {precision}."]
+                      f"{flagged} flagged, {caught} of them below 30 dB: recall {ratio(caught, low)}, precision "
+                      f"{ratio(caught, flagged)}."]
     return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from auto_cache import SETS, Reference, evaluate, set_names
+from auto_cache import SETS, Reference, evaluate, ratio, set_names
 
 from anima_rknn.bench.metrics import spearman
 from anima_rknn.demo import demo_model_dir
@@ -40,10 +40,6 @@ def misses(rows: list[dict], steps: list[int]) -> np.ndarray:
 
 def scores(rows: list[dict], steps: list[int], typical: np.ndarray) -> np.ndarray:
     return np.exp(np.log(misses(rows, steps) / typical).mean(axis=1))
-
-
-def ratio(part: int, whole: int) -> str:
-    return f"{part / whole:.2f}" if whole else "-"
 
 
 def flag_counts(score: np.ndarray, psnrs: np.ndarray, threshold: float) -> tuple[int, int, int]:

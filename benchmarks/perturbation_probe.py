@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from auto_cache import SETS, Reference, per_set, run_one, set_names
+from auto_cache import SETS, Reference, per_set, ratio, run_one, set_names
 
 from anima_rknn.bench.metrics import psnr, relative_l2, spearman
 from anima_rknn.generation.params import GenerationParams
@@ -87,8 +87,8 @@ def markdown(name: str, rows: list[dict], step: int, size: float, flag_growth: f
              f"{spearman(list(forecast), list(nudge)):.2f}; Spearman(-nudge, budget=10 PSNR) "
              f"{spearman(list(-nudge), [r['budget10_psnr'] for r in rows]):.2f}",
              f"  flag nudge > {flag_growth:g}: {int(flagged.sum())} flagged, {int(low.sum())} below 30 dB at "
-             f"budget=10, {caught} caught: recall {caught / max(int(low.sum()), 1):.2f}, precision "
-             f"{caught / max(int(flagged.sum()), 1):.2f}"]
+             f"budget=10, {caught} caught: recall {ratio(caught, int(low.sum()))}, precision "
+             f"{ratio(caught, int(flagged.sum()))}"]
     for i in sorted(set(fragile) | set(np.flatnonzero(low)) | set(np.flatnonzero(flagged))):
         r = rows[i]
         lines.append(f"  image {i}: forecast growth {r['forecast']:.2f} ({r['forecast_psnr']:.1f} dB), nudge growth "

@@ -20,7 +20,8 @@ from anima_rknn.model.model_set import resolve
 from anima_rknn.generation.params import GenerationParams
 from anima_rknn.generation.pipeline import AnimaPipeline
 from anima_rknn.server.jobs import JobQueue
-model, keep, jobs, size, steps = sys.argv[1], sys.argv[2] == "keep", int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+model, keep = sys.argv[1], sys.argv[2] == "keep"
+jobs, size, steps = (int(a) for a in sys.argv[3:6])
 queue = JobQueue(AnimaPipeline(resolve(model), keep_dit=keep), Path(tempfile.mkdtemp()) / "data")
 queue.start()
 times = []
