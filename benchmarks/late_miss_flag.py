@@ -48,8 +48,9 @@ def flag_counts(score: np.ndarray, psnrs: np.ndarray, threshold: float) -> tuple
     return int(flagged.sum()), int(low.sum()), int((flagged & low).sum())
 
 
-def choose(rows: list[dict], measured: list[int]) -> tuple[list[int], np.ndarray, float]:
-    """On the tuning set's rows: the window, its typical misses, and the threshold (module docstring)."""
+def choose(rows: list[dict], measured: list[int], recall: float = RECALL) -> tuple[list[int], np.ndarray, float]:
+    """On the tuning set's rows: the window, its typical misses, and the threshold (module docstring) that flags
+    `recall` of its images under 30 dB."""
     psnrs = np.array([r["psnr"] for r in rows])
     low = psnrs < 30
     if low.sum() == 0:
@@ -61,7 +62,7 @@ def choose(rows: list[dict], measured: list[int]) -> tuple[list[int], np.ndarray
             continue
         typical = np.median(misses(rows, steps), axis=0)
         score = scores(rows, steps, typical)
-        threshold = float(np.sort(score[low])[::-1][int(np.ceil(RECALL * low.sum())) - 1])
+        threshold = float(np.sort(score[low])[::-1][int(np.ceil(recall * low.sum())) - 1])
         flagged, _, caught = flag_counts(score, psnrs, threshold)
         if best is None or caught / flagged > best[0]:
             best = (caught / flagged, steps, typical, threshold)
