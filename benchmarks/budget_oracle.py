@@ -52,6 +52,7 @@ RANK_STARTS = (6, 9, 12, 15, 17, 19)  # the ranked batch's windows: its late com
 IDENTICAL_DB = 60.0  # above every cached image's median at budget 16 (56 dB on tune-large)
 # (mean passes cap, floor every image must hold): the issue's quality and speed points
 POINTS = ((20, 30.0), (16, 22.0))
+CHOICES = np.array([*BUDGETS, STEPS])  # the chooser's options in computed steps: every budget, then uncached
 
 
 def best_mean(psnrs: np.ndarray, calls: np.ndarray, mean_calls: float, floor: float) -> float | None:
@@ -69,13 +70,17 @@ def best_mean(psnrs: np.ndarray, calls: np.ndarray, mean_calls: float, floor: fl
     return None if not np.isfinite(reach[-1]) else float(reach[-1] / images)
 
 
-def bound(psnrs: np.ndarray) -> dict:
-    """The perfect chooser's figures over BUDGETS and the uncached run ([image, budget] PSNRs, module docstring)."""
-    psnrs = np.hstack([np.minimum(psnrs, IDENTICAL_DB), np.full((len(psnrs), 1), IDENTICAL_DB)])
-    calls = np.array([*BUDGETS, STEPS])
-    cheapest = calls[np.argmax(psnrs >= 30.0, axis=1)]  # the uncached option always holds 30 dB
+def choice_table(by_budget: dict[int, list[dict]]) -> np.ndarray:
+    """[image, option] PSNRs over CHOICES, each at most IDENTICAL_DB (the uncached option: IDENTICAL_DB)."""
+    psnrs = np.array([[r["psnr"] for r in by_budget[b]] for b in BUDGETS]).T
+    return np.hstack([np.minimum(psnrs, IDENTICAL_DB), np.full((len(psnrs), 1), IDENTICAL_DB)])
+
+
+def bound(table: np.ndarray) -> dict:
+    """The perfect chooser's figures over a choice_table (module docstring)."""
+    cheapest = CHOICES[np.argmax(table >= 30.0, axis=1)]  # the uncached option always holds 30 dB
     return {"passes_all_30": float(2 * cheapest.mean()),
-            "best": {f"{cap}/{floor:g}": best_mean(psnrs, calls, cap / 2, floor) for cap, floor in POINTS}}
+            "best": {f"{cap}/{floor:g}": best_mean(table, CHOICES, cap / 2, floor) for cap, floor in POINTS}}
 
 
 def escalated(runs: dict[int, list[dict]], marked: np.ndarray, budget: int, target: int) -> dict:
@@ -135,16 +140,14 @@ def plot(runs: dict[str, dict[int, list[dict]]], batch: dict[str, list[dict]], v
 
     figure = Figure(figsize=(9.5, 4.6), dpi=120)
     axes = figure.add_subplot()
-    calls = np.array([*BUDGETS, STEPS])
     for n, (name, by_budget) in enumerate(runs.items()):
         colour = f"C{n % 10}"
-        psnrs = np.array([[r["psnr"] for r in by_budget[b]] for b in BUDGETS]).T
-        table = np.hstack([np.minimum(psnrs, IDENTICAL_DB), np.full((len(psnrs), 1), IDENTICAL_DB)])
+        table = choice_table(by_budget)
         caps = np.arange(2 * BUDGETS[0], 2 * STEPS + 1)
-        best = [best_mean(table, calls, cap / 2, 30.0) for cap in caps]
+        best = [best_mean(table, CHOICES, cap / 2, 30.0) for cap in caps]
         axes.plot([c for c, b in zip(caps, best) if b is not None], [b for b in best if b is not None], "-",
                   color=colour, label=f"{name}: perfect chooser, every image >= 30 dB")
-        plain = np.minimum(psnrs, IDENTICAL_DB)
+        plain = table[:, :-1]
         axes.plot(2 * np.array(BUDGETS), plain.mean(axis=0), "o:", color=colour, ms=3, label=f"{name}: budget, mean")
         axes.plot(2 * np.array(BUDGETS), plain.min(axis=0), "o", color=colour, ms=3, mfc="none", alpha=0.5)
         for marker, points in (("*", batch[name]), ("D", [verify[name]])):
@@ -210,7 +213,7 @@ def main() -> None:
     lines = ["| set | perfect chooser: passes to hold every image at 30 dB | its best mean at <= 20 passes, "
              "every image >= 30 dB | at <= 16 passes, every image >= 22 dB |", "|---|---|---|---|"]
     for name, by_budget in runs.items():
-        best = bound(np.array([[r["psnr"] for r in by_budget[b]] for b in BUDGETS]).T)
+        best = bound(choice_table(by_budget))
         lines.append(f"| {name} | {best['passes_all_30']:.1f} | {figure(best['best']['20/30'])} | "
                      f"{figure(best['best']['16/22'])} |")
     rules = {(b, recall): choose(runs[TUNE][b], sorted(runs[TUNE][b][0]["measured"]), recall)
@@ -233,7 +236,6 @@ def main() -> None:
         pairs = [(b, t) for b in BUDGETS if b < cap for t in (*BUDGETS, STEPS) if t > cap]
         # (budget, second run, window start or None: the perfect ranking, by the true PSNR)
         options = [(b, t, start) for b, t in pairs for start in (*RANK_STARTS, None)]
-
         tuned = {o: ranked_figures(runs[TUNE], o, cap) for o in options}
         lines += ["", f"A batch mean of {cap} computed steps ({2 * cap} passes): every image at a lower budget, then "
                       "the images ranked highest run again at a larger one while the steps last; ranked by their late "
