@@ -109,6 +109,8 @@ def _side(policy: PolicyRuns, label: str, prefix: str) -> dict[str, Any]:
         **numbered,
         "forecast_steps": first.forecast_steps,
         "error_estimate": sample.error_estimate,  # the cache's own, made without the baseline (None: no estimate)
+        "may_differ": sample.may_differ,  # the cache's own flag (None: the cache does not check itself)
+        "rerun_from": sample.rerun_from,  # verify re-ran the steps after this one uncached (None: not re-run)
         "transformer_passes": sum(d.transformer_passes for d in first.denoised_passes),
         "subgraph_runs": sum(d.subgraph_runs for d in first.denoised_passes),
         "finite": sample.finite,
@@ -206,6 +208,12 @@ def _aggregate(seeds: list[dict[str, Any]], cache: str) -> dict[str, Any]:
         "transformer_passes": {"mean": statistics.fmean(passes), "max": max(passes)},
         # Does the cache's own error estimate rank the seeds as the true PSNR does? (1: perfectly, by -estimate)
         "estimate_psnr_spearman": metrics.spearman([-e for e in estimates], psnrs) if ranked else None,
+        # The flag "may differ visibly" against the seeds under 30 dB (None: the cache does not check itself).
+        "flag": None if None in [side["may_differ"] for side in sides] else {
+            "flagged": sum(side["may_differ"] for side in sides),
+            "below_30db": sum(p is not None and p < 30 for p in psnrs),
+            "flagged_below_30db": sum(bool(side["may_differ"]) and p is not None and p < 30
+                                      for side, p in zip(sides, psnrs))},
         "denoise_speedup_median": statistics.median(c["speedup"]["denoise"]["median"] for c in comparisons),
         "end_to_end_speedup_median": statistics.median(c["speedup"]["end_to_end"]["median"] for c in comparisons),
         "ideal_speedup_median": statistics.median(c["ideal_speedup"] for c in comparisons),
@@ -354,6 +362,8 @@ def _seed_table(entry: dict[str, Any], steps: int, repeats: int) -> list[str]:
                             for c in comparisons])
     row("cache error estimate", "", [("", "" if side["error_estimate"] is None else f"{side['error_estimate']:.4f}")
                                      for side in cached.values()])
+    row("cache may differ", "", [("", "" if side["may_differ"] is None else "yes" if side["may_differ"] else "no")
+                                 for side in cached.values()])
     row("final latent error", "", [("", "n/a" if c["latent_error"] is None else
                                     f"rel. L2 {c['latent_error']['relative_l2']:.4f}, "
                                     f"max abs {c['latent_error']['max_abs']:.4f}") for c in comparisons])

@@ -170,7 +170,9 @@ def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, caches, s
              + ("" if agg["psnr_db"] is None else f", PSNR min {agg['psnr_db']['min']:.2f} dB")
              + f", passes mean {agg['transformer_passes']['mean']:.1f} max {agg['transformer_passes']['max']}"
              + ("" if agg["estimate_psnr_spearman"] is None
-                else f", error estimate vs PSNR Spearman {agg['estimate_psnr_spearman']:.2f}"))
+                else f", error estimate vs PSNR Spearman {agg['estimate_psnr_spearman']:.2f}")
+             + ("" if agg["flag"] is None else f", flagged 'may differ' {agg['flag']['flagged']}/{agg['seeds']} "
+                f"({agg['flag']['flagged_below_30db']} of the {agg['flag']['below_30db']} under 30 dB)"))
     echo(f"wrote {out_dir / 'report.md'} and report.json, images and plots")
     echo(report["verdict"]["line"])
     if fail_on_verdict and not report["verdict"]["passed"]:

@@ -134,6 +134,12 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
     if report["cache_error_estimate"] is not None:
         echo(f"cache error estimate: {report['cache_error_estimate']:.4f} (relative L2 distance of the latent from "
              "the uncached run's, estimated from the forecasts' measured errors)")
+    if report["cache_rerun_from"] is not None:
+        echo(f"cache check: the image may have differed visibly from the uncached one; verify re-ran every step "
+             f"after step {report['cache_rerun_from']} uncached")
+    elif report["cache_may_differ"]:
+        echo("cache check: this image may differ visibly from the uncached one (--cache-option verify=1 re-runs "
+             "such an image uncached; --cache none is the baseline)")
     if report["recomputed_steps"]:
         echo(f"numerical guard: non-finite forecast, recomputed steps {report['recomputed_steps']}")
     if failed is not None:

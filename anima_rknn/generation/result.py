@@ -103,6 +103,8 @@ class GenerationResult:
             "computed_steps": sample.computed_steps, "skipped_steps": sample.skipped_steps,
             "recomputed_steps": sample.recomputed_steps,
             "cache_error_estimate": sample.error_estimate,  # None: the cache does not measure itself
+            "cache_may_differ": sample.may_differ,  # the cache's flag (None: the cache does not check itself)
+            "cache_rerun_from": sample.rerun_from,  # verify re-ran the steps after this one uncached (None: not)
             "finite": self.finite,
             # The step (of all passes') whose latent turned NaN/Inf, where the run ended; None: it did not.
             "nonfinite_step": (None if sample.nonfinite_at is None else sample.nonfinite_at + sum(
@@ -183,6 +185,10 @@ def png_parameters(params: GenerationParams, model_name: str, result: Generation
         fields.append(f"Computed {call_noun(calls, params.passes()[-1].steps_run)}: {computed}/{calls}")
         if result.denoised.sample.error_estimate is not None:
             fields.append(f"Cache error estimate: {result.denoised.sample.error_estimate:.4g}")
+        if result.denoised.sample.may_differ is not None:
+            fields.append(f"Cache may differ: {'yes' if result.denoised.sample.may_differ else 'no'}")
+        if result.denoised.sample.rerun_from is not None:
+            fields.append(f"Cache re-run from step: {result.denoised.sample.rerun_from}")
     if result is not None and result.interrupted_at is not None:
         fields.append(f"Interrupted: step {result.interrupted_at}/{params.steps_run()}")
     vae_backend = (result.vae_backend if result is not None else None) or params.vae_backend

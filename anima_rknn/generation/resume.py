@@ -2,7 +2,8 @@
 
 A state is one safetensors file (written through the output module, so always whole): the latent after the
 last finished step, both prompts' DiT contexts, the cache's stored x0, the sampler's history (the x0 a multistep
-sampler reads again), and one JSON record in its metadata with the format version, every generation setting,
+sampler reads again; under auto's verify also the latent and history of the step the run would re-run from), and
+one JSON record in its metadata with the format version, every generation setting,
 fingerprints of the model files and the subgraph set, the step index and the cache's schedule. A stochastic
 sampler's noise is not stored: it is drawn again from (seed, step). An init image and mask are not stored either,
 only their sha256 among the settings: a resumed image-to-image run is given the same files again, refused when
@@ -126,6 +127,11 @@ def write_state(path: Path, params: GenerationParams, fingerprints: dict[str, st
         "cache": _stored("cache", event.cache_state, tensors),
         "sampler": _stored("sampler", sampler_state.get("history", {}), tensors),
     }
+    trusted = sampler_state.get("trusted")
+    if trusted is not None:  # auto's verify: what a flagged run re-runs from
+        tensors["trusted.latent"] = torch.from_numpy(np.ascontiguousarray(trusted["latent"]))
+        record["trusted"] = {"step": trusted["step"], "recomputed": list(trusted["recomputed"]),
+                             "history": _stored("trusted.history", trusted["history"], tensors)}
     save_tensors(tensors, path, {STATE_KEY: json_text(record)})
 
 
@@ -246,16 +252,39 @@ def read_state(path: str | os.PathLike) -> ResumeState:
     # A state written before other samplers existed has no sampler entry: Euler's history is empty.
     history = _arrays_back("sampler", record.get("sampler", {}) if isinstance(record.get("sampler", {}), dict)
                            else None, tensors, path)
+    sampler_state = {"history": history, "recomputed": recomputed}
+    if "trusted" in record:
+        sampler_state["trusted"] = _trusted_back(record["trusted"], tensors, params, sigmas, step, latent.shape, path)
     if tensors:
         raise AnimaError(f"{path}: the resume state's cache arrays do not match its record")
     _check_cache(params, denoise_pass, cache_state, step, calls_done, latent.size, path)
+    _check_history(history, params, sigmas, step, latent.shape, path)
+    conditioning = Conditioning(torch.from_numpy(contexts[0]), torch.from_numpy(contexts[1]), 0.0)
+    return ResumeState(params, fingerprints, step, latent, conditioning, cache_state, sampler_state,
+                       float(denoise_s), pass_index)
+
+
+def _check_history(history: dict[str, Any], params: GenerationParams, sigmas: np.ndarray, step: int,
+                   shape: tuple[int, ...], path: Path) -> None:
     layout = history_layout(SAMPLERS[params.sampler], sigmas, step)
     if {key: len(value) if isinstance(value, list) else None for key, value in history.items()} != layout or any(
-            array.shape != latent.shape for arrays in history.values() for array in arrays):
+            array.shape != shape for arrays in history.values() for array in arrays):
         raise AnimaError(f"{path}: the resume state's sampler history does not fit {params.sampler} at step {step}")
-    conditioning = Conditioning(torch.from_numpy(contexts[0]), torch.from_numpy(contexts[1]), 0.0)
-    return ResumeState(params, fingerprints, step, latent, conditioning, cache_state,
-                       {"history": history, "recomputed": recomputed}, float(denoise_s), pass_index)
+
+
+def _trusted_back(entry: Any, tensors: dict[str, np.ndarray], params: GenerationParams, sigmas: np.ndarray,
+                  step: int, shape: tuple[int, ...], path: Path) -> dict[str, Any]:
+    """verify's snapshot (the step a flagged run re-runs from), checked like the state's own latent and history."""
+    latent = tensors.pop("trusted.latent", None)
+    if not (isinstance(entry, dict) and set(entry) == {"step", "recomputed", "history"}
+            and is_int_in(entry["step"], 1, step) and isinstance(entry["recomputed"], list)
+            and all(is_int_in(s, 1, params.model_calls(sigmas[: entry["step"] + 1])) for s in entry["recomputed"])
+            and latent is not None and latent.shape == shape and np.isfinite(latent).all()):
+        raise AnimaError(f"{path}: the resume state's verify snapshot is damaged")
+    history = _arrays_back("trusted.history", entry["history"] if isinstance(entry["history"], dict) else None,
+                           tensors, path)
+    _check_history(history, params, sigmas, entry["step"], shape, path)
+    return {"step": entry["step"], "latent": latent, "recomputed": entry["recomputed"], "history": history}
 
 
 def _check_cache(params: GenerationParams, denoise_pass: DenoisePass, state: dict[str, Any], step: int, calls: int,

@@ -34,7 +34,7 @@ import numpy as np
 from ..checks import is_integer, is_number, require
 from ..errors import AnimaError
 
-AUTO_OPTIONS = {"tol": float, "budget": int, "guard": float, "warmup": int}
+AUTO_OPTIONS = {"tol": float, "budget": int, "guard": float, "warmup": int, "verify": bool}
 # Chosen on the demo model's tuning prompts and seeds (benchmarks/auto_cache.py --prompts 24 --prompt-seed 3
 # --seed 5000), never on the README's 48 held-out ones. tol and guard steer a run without a budget; a budget
 # plans its own calls and spends them all.
@@ -59,6 +59,17 @@ UNMEASURED_LEVEL = 1.0
 # mixtures (spectrum_testbed.py --testbed-seed 1), where 1 from 0.8 won 13 of 15.
 PLAN_GROWTH = (0.5, 1.2)
 PLAN_GAIN, PLAN_SIGMA = 1.0, 0.8
+# The "may differ visibly" flag (issue 24). A fragile image's deviation from its uncached run grows from the
+# steps after a forecast on, and its model x0 moves off the forecaster's line: its late measured misses exceed
+# the typical miss at their sigma and distance d from the previous computed step. The typical miss, fitted on
+# the demo model's tune-large runs at budgets 6-16 (12,288 measured misses; residual sd 0.57 in ln):
+#   ln miss = a + b ln d + c sigma + e sigma ln d.
+# The score is the geometric mean of miss / typical over the computed steps at sigma <= FLAG_SIGMA; an image
+# scoring FLAG_SCORE or more is flagged. Chosen on tune-large alone at budget=10: the threshold that flags 8
+# of its 9 images under 30 dB (32 of 192 flagged); FLAG_SIGMA 0.8 had the best precision of 0.2-1
+# (benchmarks/auto_cache.py, README: what held out). Another model's misses need their own fit.
+TYPICAL_MISS = (-3.59, 1.85, 1.77, -0.66)
+FLAG_SIGMA, FLAG_SCORE = 0.8, 1.3
 
 
 class AutoCache:
@@ -77,7 +88,7 @@ class AutoCache:
     name = "auto"
 
     def __init__(self, num_steps: int, tol: float | None = None, budget: int | None = None,
-                 guard: float | None = None, warmup: int = AUTO_DEFAULTS["warmup"]) -> None:
+                 guard: float | None = None, warmup: int = AUTO_DEFAULTS["warmup"], verify: bool = False) -> None:
         require(is_integer(num_steps) and num_steps >= 1,
                 f"number of steps must be a positive integer, got {num_steps!r}")
         for key, value in (("tol", tol), ("guard", guard)):
@@ -87,6 +98,7 @@ class AutoCache:
         guard = AUTO_DEFAULTS["guard"] if guard is None else guard
         require(is_number(tol) and tol >= 0, f"cache option tol must be a number >= 0, got {tol!r}")
         require(is_number(guard) and guard > 0, f"cache option guard must be a number > 0, got {guard!r}")
+        require(isinstance(verify, bool), f"cache option verify must be true or false, got {verify!r}")
         require(is_integer(warmup) and warmup >= 2,
                 f"cache option warmup must be an integer >= 2 for auto, got {warmup!r}")
         warm = min(warmup, num_steps)
@@ -96,6 +108,7 @@ class AutoCache:
         self.num_steps = int(num_steps)
         self.tol, self.guard, self.warmup = float(tol), float(guard), int(warmup)
         self.budget = None if budget is None else int(budget)
+        self.verify = verify  # a flagged run is re-run uncached from the last call before its first forecast
         self._sigmas: list[float] | None = None
         self._fresh_noise = False  # the sampler adds fresh noise: the last computed x0 is held (module docstring)
         self._computed: list[int] = []
@@ -106,6 +119,8 @@ class AutoCache:
         self._anchors: list[tuple[int, np.ndarray, np.ndarray]] = []  # last two computed: (step, x0, eps less noise)
         self._shape: tuple[int, ...] = ()
         self._dtype = np.dtype(np.float32)
+        self._rerun_from: int | None = None  # verify re-ran the calls after this one uncached
+        self._first_score: float | None = None  # the flag score of the run that verify threw away
 
     # ---- the sampler's side ------------------------------------------------------------------------------
 
@@ -118,6 +133,8 @@ class AutoCache:
     def should_skip(self) -> bool:
         if self._sigmas is None:
             raise RuntimeError("the sampler hands the auto cache its sigmas before the first step")
+        if self._rerun_from is not None:
+            return False  # verify's re-run: every call computed
         step = self._step + 1
         left = None if self.budget is None else self.budget - len(self._computed)
         if left is not None and left <= 0:
@@ -142,6 +159,10 @@ class AutoCache:
         step = self._step + 1
         x0 = np.asarray(x0)
         self._shape, self._dtype = x0.shape, x0.dtype
+        if self._rerun_from is not None:  # verify's re-run measures nothing: no forecast follows
+            self._computed.append(step)
+            self._errors.append(None)
+            return
         flat, latent = x0.astype(np.float32).ravel(), np.asarray(x, dtype=np.float32).ravel()
         error = self._measure(step, latent, flat)
         self._errors.append(error)
@@ -157,8 +178,47 @@ class AutoCache:
 
     @property
     def error_estimate(self) -> float:
-        """Estimated relative L2 distance of the final latent from the uncached run's."""
+        """Estimated relative L2 distance of the final latent from the uncached run's (0 after verify's re-run:
+        the image is then the uncached one)."""
         return self._settled + self._open_estimate()
+
+    @property
+    def flag_score(self) -> float | None:
+        """The late misses over the typical ones (TYPICAL_MISS); None when no call at sigma <= FLAG_SIGMA was
+        measured. After verify's re-run: the score of the run it replaced."""
+        if self._rerun_from is not None:
+            return self._first_score
+        a, b, c, e = TYPICAL_MISS
+        logs = [math.log(error) - (a + b * math.log(step - before) + c * sigma + e * sigma * math.log(step - before))
+                for before, step, error in zip(self._computed, self._computed[1:], self._errors[1:])
+                if error is not None and error > 0 and (sigma := self._sigmas[step - 1]) <= FLAG_SIGMA]
+        return math.exp(sum(logs) / len(logs)) if logs else None
+
+    @property
+    def may_differ(self) -> bool | None:
+        """The flag: this cached image may differ visibly from the uncached one (None: nothing late measured)."""
+        score = self.flag_score
+        return None if score is None else score >= FLAG_SCORE
+
+    @property
+    def wants_rerun(self) -> bool:
+        """verify is on, the run forecast at least once, and its flag is up: the sampler rewinds (rewind())."""
+        return self.verify and self._rerun_from is None and bool(self._skipped) and bool(self.may_differ)
+
+    @property
+    def rerun_from(self) -> int | None:
+        """The call verify re-ran the rest of the run from, uncached (None: not re-run)."""
+        return self._rerun_from
+
+    def rewind(self, calls: int) -> None:
+        """Back to the state after `calls` calls, all of them computed (the sampler's snapshot before the first
+        forecast), every later call to be computed."""
+        if not self.wants_rerun or calls not in self._computed or any(s <= calls for s in self._skipped):
+            raise RuntimeError(f"the auto cache cannot rewind to call {calls}")
+        self._first_score = self.flag_score
+        kept = self._computed.index(calls) + 1
+        self._computed, self._errors, self._skipped = self._computed[:kept], self._errors[:kept], []
+        self._settled, self._rerun_from, self._anchors = 0.0, calls, []
 
     @property
     def measured_errors(self) -> list[float | None]:
@@ -182,7 +242,8 @@ class AutoCache:
                 "measured_steps": [step for step, _ in measured], "measured_errors": [e for _, e in measured],
                 "level": self._level, "settled": self._settled, "shape": list(self._shape),
                 "anchor_steps": [a[0] for a in self._anchors],
-                "anchor_x0": [a[1] for a in self._anchors], "anchor_eps": [a[2] for a in self._anchors]}
+                "anchor_x0": [a[1] for a in self._anchors], "anchor_eps": [a[2] for a in self._anchors],
+                "rerun_from": self._rerun_from, "first_score": self._first_score}
 
     def restore(self, state: dict[str, Any]) -> None:
         try:
@@ -190,6 +251,8 @@ class AutoCache:
             measured_steps, measured_errors = list(state["measured_steps"]), list(state["measured_errors"])
             level, settled, shape = state["level"], state["settled"], tuple(state["shape"])
             steps, x0s, epss = list(state["anchor_steps"]), list(state["anchor_x0"]), list(state["anchor_eps"])
+            # a state written before verify existed has neither
+            rerun_from, first_score = state.get("rerun_from"), state.get("first_score")
         except (KeyError, TypeError):
             raise AnimaError("the cache state is incomplete") from None
         size = int(np.prod(shape)) if shape and all(is_integer(n) and n > 0 for n in shape) else -1
@@ -202,8 +265,11 @@ class AutoCache:
                and measured_steps == sorted(set(measured_steps))
                and all(is_number(e) and e >= 0 for e in measured_errors)
                and (level is None or (is_number(level) and level >= 0)) and is_number(settled) and settled >= 0
-               and steps == computed[-2:] and len(x0s) == len(epss) == len(steps)
-               and all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.shape == (size,) for a in arrays),
+               and (steps == computed[-2:] if rerun_from is None else not steps)
+               and len(x0s) == len(epss) == len(steps)
+               and all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.shape == (size,) for a in arrays)
+               and (rerun_from is None or (self.verify and is_integer(rerun_from) and rerun_from in computed
+                                           and not skipped and is_number(first_score) and first_score >= 0)),
                "the cache state does not fit this run's schedule")
         self._computed, self._skipped = [int(s) for s in computed], [int(s) for s in skipped]
         errors = dict(zip(measured_steps, measured_errors))
@@ -211,6 +277,8 @@ class AutoCache:
         self._level = None if level is None else float(level)
         self._settled, self._shape, self._dtype = float(settled), shape, np.dtype(np.float32)
         self._anchors = [(int(s), np.array(a, copy=True), np.array(e, copy=True)) for s, a, e in zip(steps, x0s, epss)]
+        self._rerun_from = None if rerun_from is None else int(rerun_from)
+        self._first_score = None if first_score is None else float(first_score)
 
     # ---- inside -----------------------------------------------------------------------------------------------
 

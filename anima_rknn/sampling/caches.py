@@ -42,6 +42,7 @@ class CachePolicy(Protocol):
 
     name: str
     num_steps: int
+    verify: bool  # a flagged run asks to be re-run uncached (wants_rerun): the loop keeps a snapshot for it
 
     def set_sigmas(self, sigmas: np.ndarray, fresh_noise: bool = False) -> None: ...
 
@@ -67,6 +68,23 @@ class CachePolicy(Protocol):
     def error_estimate(self) -> float | None:
         """The run's own estimate of its final latent's relative distance from the uncached run's; None for a
         policy that does not measure its forecasts."""
+
+    @property
+    def may_differ(self) -> bool | None:
+        """The run's own flag: its image may differ visibly from the uncached one; None for a policy that does
+        not check itself."""
+
+    @property
+    def wants_rerun(self) -> bool:
+        """The finished run asks to be re-run uncached from the last call before its first forecast (auto's
+        verify): the sampler loop then restores its snapshot of that call and calls rewind()."""
+
+    @property
+    def rerun_from(self) -> int | None:
+        """The model call after which verify re-ran the run uncached (None: not re-run)."""
+
+    def rewind(self, calls: int) -> None:
+        """Back to the state after `calls` model calls, every later call computed (only when wants_rerun)."""
 
 
 class NoCache:
@@ -109,7 +127,8 @@ class NoCache:
     def skipped_steps(self) -> list[int]:
         return []
 
-    error_estimate = None
+    error_estimate = may_differ = rerun_from = None
+    verify = wants_rerun = False
 
 
 class ReuseCache:
@@ -158,7 +177,8 @@ class ReuseCache:
     def skipped_steps(self) -> list[int]:
         return self.schedule.skipped_steps
 
-    error_estimate = None
+    error_estimate = may_differ = rerun_from = None
+    verify = wants_rerun = False
 
 
 def make_cache(name: str, num_steps: int,

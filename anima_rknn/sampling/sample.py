@@ -7,6 +7,10 @@ per sampler step for most samplers, two for heun, dpmpp_sde and sa_solver_pece (
 count calls). The progress bar, the bench's per-step data, live previews and resume checkpoints all listen to
 the StepEvents, and nothing else reaches into the loop.
 
+A cache that verifies itself (auto's verify) may ask, once the run is done, for it to be run again uncached from
+the last step before its first forecast: the loop keeps that step's latent and history, rewinds the cache and
+steps on from there, telling the listeners those steps again.
+
 A run ends early in two ways: at the first step whose latent is not finite (no later step could mend it, and no
 listener is told of it, so no checkpoint holds it), and when `interrupt()` turns true after a step, with that
 step's x0 as its result (as WebUI answers an interrupt: the picture as far as it got).
@@ -62,6 +66,8 @@ class SampleResult:
     model_calls: int  # in this call (a resumed run counts from where it resumed)
     finite: bool
     error_estimate: float | None = None  # the cache's own estimate of its distance from the uncached run
+    may_differ: bool | None = None  # the cache's flag: the image may differ visibly from the uncached one
+    rerun_from: int | None = None  # verify re-ran the steps after this one uncached (model_calls counts both)
     interrupted_at: int | None = None  # interrupted after this step: `latent` is that step's x0
     nonfinite_at: int | None = None  # the step whose latent turned NaN/Inf: the run ended there
 
@@ -150,33 +156,60 @@ def sample(sampler: Sampler, denoise: Denoiser, x: np.ndarray, sigmas: np.ndarra
     draw_noise = _no_noise if seed is None else step_noise(seed, x.shape)
     model = _CachedModel(denoise, cache, recomputed)
     step_model = model if inpaint is None else _MaskedModel(model, inpaint)
+    # verify's snapshot: the loop after the last step before the cache's first forecast (a resume brings it along)
+    trusted: dict[str, Any] | None = state.get("trusted")
+    verifying = cache.verify and (start == 0 or trusted is not None)  # not once the re-run has begun
     total, began = len(sigmas) - 1, time.perf_counter()
-    for index in range(start, total):
-        step, started = index + 1, time.perf_counter()
-        runs, forecasts, refusals = model.runs, model.forecasts, model.refusals
-        ctx = StepContext(sigmas, index, draw_noise, float(eta), float(s_noise))
-        x, x0, history = sampler.step(step_model, x, ctx, history)
-        if inpaint is not None:
-            x = inpaint.blend(x, float(sigmas[index + 1]))
-        if not np.isfinite(x).all():
-            return _result(x, cache, recomputed, model, nonfinite_at=step)
-        if callback is not None:
-            now = time.perf_counter()
-            callback(StepEvent(step, total, float(sigmas[index]), float(sigmas[index + 1]), x, x0,
-                               model.forecasts == forecasts, model.refusals > refusals, now - started, now - began,
-                               (now - began) / (step - start) * (total - step), cache.state(), model.runs - runs,
-                               {"history": history, "recomputed": list(recomputed)}))
-        if interrupt is not None and step < total and interrupt():
-            return _result(np.array(x0, dtype=np.float32), cache, recomputed, model, interrupted_at=step)
-    return _result(x, cache, recomputed, model)
+    first, clock = start, began  # the ETA counts from the start of this run, or of verify's re-run
+    while True:
+        for index in range(first, total):
+            step, started = index + 1, time.perf_counter()
+            runs, forecasts, refusals = model.runs, model.forecasts, model.refusals
+            ctx = StepContext(sigmas, index, draw_noise, float(eta), float(s_noise))
+            x, x0, history = sampler.step(step_model, x, ctx, history)
+            if inpaint is not None:
+                x = inpaint.blend(x, float(sigmas[index + 1]))
+            if not np.isfinite(x).all():
+                return _result(x, cache, recomputed, model, nonfinite_at=step)
+            sampler_state: dict[str, Any] = {"history": history, "recomputed": list(recomputed)}
+            if verifying:
+                if not cache.skipped_steps:
+                    trusted = {"step": step, "latent": np.array(x, copy=True), "recomputed": list(recomputed),
+                               "history": {key: list(arrays) for key, arrays in history.items()}}
+                sampler_state["trusted"] = trusted
+            if callback is not None:
+                now = time.perf_counter()
+                callback(StepEvent(step, total, float(sigmas[index]), float(sigmas[index + 1]), x, x0,
+                                   model.forecasts == forecasts, model.refusals > refusals, now - started,
+                                   now - began, (now - clock) / (step - first) * (total - step), cache.state(),
+                                   model.runs - runs, sampler_state))
+            if interrupt is not None and step < total and interrupt():
+                return _result(np.array(x0, dtype=np.float32), cache, recomputed, model, interrupted_at=step)
+        if not (cache.wants_rerun and trusted is not None):
+            return _result(x, cache, recomputed, model, rerun_from=_step_of_call(sampler, sigmas, cache.rerun_from))
+        # verify: the flagged run is thrown away from its first forecast on and run again uncached from there
+        first, x, clock = trusted["step"], np.array(trusted["latent"], copy=True), time.perf_counter()
+        history = {key: list(arrays) for key, arrays in trusted["history"].items()}
+        recomputed[:] = trusted["recomputed"]
+        cache.rewind(len(call_sigmas(sampler, sigmas[: first + 1])))
+        trusted, verifying = None, False
 
 
 def _result(latent: np.ndarray, cache: CachePolicy, recomputed: list[int], model: _CachedModel,
-            interrupted_at: int | None = None, nonfinite_at: int | None = None) -> SampleResult:
+            interrupted_at: int | None = None, nonfinite_at: int | None = None,
+            rerun_from: int | None = None) -> SampleResult:
     return SampleResult(latent=latent, computed_steps=cache.computed_steps, skipped_steps=cache.skipped_steps,
                         recomputed_steps=list(recomputed), model_calls=model.runs,
                         finite=bool(np.isfinite(latent).all()), error_estimate=cache.error_estimate,
+                        may_differ=cache.may_differ, rerun_from=rerun_from,
                         interrupted_at=interrupted_at, nonfinite_at=nonfinite_at)
+
+
+def _step_of_call(sampler: Sampler, sigmas: np.ndarray, calls: int | None) -> int | None:
+    """The step whose end `calls` model calls reach (None for None)."""
+    if calls is None:
+        return None
+    return next(k for k in range(len(sigmas)) if len(call_sigmas(sampler, sigmas[: k + 1])) == calls)
 
 
 def _no_noise(index: int, draw: int) -> np.ndarray:

@@ -151,7 +151,8 @@ class Spectrum:
     def skipped_steps(self) -> list[int]:
         return self.schedule.skipped_steps
 
-    error_estimate = None  # a fixed schedule does not measure its forecasts (see sampling/auto_cache.py)
+    error_estimate = may_differ = rerun_from = None  # a fixed schedule does not measure its forecasts (sampling/auto_cache.py)
+    verify = wants_rerun = False
 
     def set_sigmas(self, sigmas: np.ndarray, fresh_noise: bool = False) -> None:
         pass  # sd.cpp's schedule and tau axis count model calls, not sigmas; it forecasts x0 alone

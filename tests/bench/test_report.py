@@ -135,3 +135,8 @@ def test_an_adaptive_cache_reports_its_estimate_and_the_spread_of_its_passes(tin
     text = markdown(report)
     assert "passes mean / max" in text and "error estimate vs PSNR (Spearman)" in text
     assert "| cache error estimate |" in text
+    flag = report["aggregate"]["auto"]["flag"]  # the flag against the seeds under 30 dB
+    flags = [side["may_differ"] for side in sides]
+    assert all(isinstance(f, bool) for f in flags) and flag["flagged"] == sum(flags)
+    assert flag["below_30db"] == sum(e["cached"]["auto"]["vs_baseline"]["psnr_db"] < 30 for e in report["seeds"])
+    assert report["aggregate"]["spectrum"]["flag"] is None and "| cache may differ |" in text

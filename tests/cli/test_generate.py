@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 from anima_rknn.core.tensorfile import load_tensors, save_tensors
+from anima_rknn.demo.evaluate import prompt_set
 
 FAST = ("--width", "64", "--height", "64", "--steps", "4")
 
@@ -159,6 +160,28 @@ def test_console_script_end_to_end(model_dir, tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["finite"] is True and out.is_file()
+
+
+def test_verify_reruns_a_flagged_image_uncached_and_says_so(run_cli, tmp_path):
+    """The shipped demo model on a held-out prompt and noise whose `budget=10` image breaks (h2's image 20 in
+    benchmarks/auto_cache.py, 15.2 dB): the flag goes up, verify re-runs steps 4-20 uncached, and the PNG is the
+    uncached one's pixels; JSON, summary and parameters say what happened and what it cost."""
+    caption = prompt_set(48, 202)[20].caption
+    common = ["-p", caption, "--seed", "32020", "--steps", "20", "--cfg", "4", "--json"]
+    plain = json.loads(run_cli("generate", *common, "--cache", "auto", "--cache-option", "budget=10",
+                               "-o", tmp_path / "plain.png").out)
+    assert plain["cache_may_differ"] is True and plain["cache_rerun_from"] is None
+    result = run_cli("generate", *common, "--cache", "auto", "--cache-option", "budget=10,verify=1",
+                     "-o", tmp_path / "verified.png")
+    report = json.loads(result.out)
+    assert report["cache_may_differ"] is True and report["cache_rerun_from"] == 3
+    assert report["transformer_passes"] == 2 * (10 + 17) and report["computed_steps"] == list(range(1, 21))
+    assert "verify re-ran every step after step 3 uncached" in result.err
+    parameters = Image.open(tmp_path / "verified.png").text["parameters"]
+    assert "Cache may differ: yes" in parameters and "Cache re-run from step: 3" in parameters
+    run_cli("generate", *common, "-o", tmp_path / "uncached.png")
+    assert Image.open(tmp_path / "verified.png").tobytes() == Image.open(tmp_path / "uncached.png").tobytes()
+    assert Image.open(tmp_path / "plain.png").tobytes() != Image.open(tmp_path / "uncached.png").tobytes()
 
 
 def test_no_model_means_the_shipped_demo_model_at_its_trained_size(run_cli, tmp_path):

@@ -2,6 +2,7 @@
 those errors. Its decisions depend on the values, so every run here is one noise row (a batch would share
 one schedule)."""
 
+import itertools
 import json
 
 import numpy as np
@@ -257,3 +258,92 @@ def test_a_budget_of_just_the_warm_up_forecasts_the_rest_and_says_it_measured_no
     result = run(denoise, 0, {"budget": 2, "warmup": 2})
     assert result.computed_steps == [1, 2] and result.finite
     assert result.error_estimate > 1  # charged as if every forecast were off by a whole x0
+
+
+# ---- the "may differ visibly" flag and verify ------------------------------------------------------------------
+
+def test_the_flag_score_is_the_late_misses_over_the_typical_ones():
+    """The geometric mean, over the computed steps at sigma <= FLAG_SIGMA, of each measured miss over the typical
+    miss at its sigma and distance from the computed step before (the constants written out here)."""
+    computed, sigmas = [1, 2, 3, 6, 9, 12, 15, 17, 19, 20], flow_sigmas(20)
+    misses = {3: 0.3, 6: 0.5, 9: 0.4, 12: 0.6, 15: 0.2, 17: 0.15, 19: 0.1, 20: 0.05}
+    cache = make_cache("auto", 20, {"budget": 10})
+    cache.set_sigmas(sigmas)
+    cache.restore({"computed": computed, "skipped": [s for s in range(1, 21) if s not in computed],
+                   "measured_steps": list(misses), "measured_errors": list(misses.values()), "level": 0.1,
+                   "settled": 0.0, "shape": [4], "anchor_steps": [19, 20],
+                   "anchor_x0": [np.ones(4, np.float32)] * 2, "anchor_eps": [np.ones(4, np.float32)] * 2})
+    ratios = []
+    for before, step in itertools.pairwise(computed):
+        sigma, d = sigmas[step - 1], step - before
+        if step in misses and sigma <= 0.8:  # steps 12-20 (step 9 sits at sigma 0.818)
+            ratios.append(misses[step] / np.exp(-3.59 + 1.85 * np.log(d) + 1.77 * sigma - 0.66 * sigma * np.log(d)))
+    assert len(ratios) == 5
+    assert cache.flag_score == pytest.approx(np.prod(ratios) ** (1 / len(ratios)), rel=1e-12)
+    assert cache.may_differ == (cache.flag_score >= 1.3)
+
+
+def test_a_run_that_measured_nothing_late_has_no_flag():
+    cache = make_cache("auto", 20)
+    cache.set_sigmas(flow_sigmas(20))
+    for _ in range(3):
+        cache.record(np.ones(4, np.float32), np.ones(4, np.float32))
+    assert cache.flag_score is None and cache.may_differ is None and not cache.wants_rerun
+
+
+def turning(denoise):
+    """`denoise` whose x0 swings between -1 and 3 times itself once sigma is below 0.7: the late forecasts miss
+    by far more than a typical one (flag score 1.5-2.1 at budget 8, against 0.3 without the swing), so an auto
+    run of it is flagged."""
+    def swinging(x, sigma):
+        x0 = denoise(x, sigma)
+        return x0 * (1 + 2 * np.sign(np.sin(60 * sigma))) if sigma < 0.7 else x0
+    return swinging
+
+
+@pytest.mark.parametrize("sampler", ["euler", "dpmpp_2m", "euler_ancestral"])
+def test_verify_reruns_a_flagged_run_uncached_from_its_last_step_before_a_forecast(denoise, sampler):
+    """The re-run starts from the latent and sampler history of step 3 (the warm-up's end) and computes every
+    later step, so the image is the uncached one bit for bit; the listeners are told steps 4-20 again."""
+    model, noise, sigmas = turning(denoise), initial_noise(64, [3]), flow_sigmas(20)
+    plain = sample(SAMPLERS[sampler], model, noise, sigmas, make_cache("auto", 20, {"budget": 8}), seed=5)
+    assert plain.may_differ and plain.rerun_from is None
+    events = []
+    verified = sample(SAMPLERS[sampler], model, noise, sigmas, make_cache("auto", 20, {"budget": 8, "verify": True}),
+                      events.append, seed=5)
+    reference = sample(SAMPLERS[sampler], model, noise, sigmas, make_cache("none", 20), seed=5)
+    assert np.array_equal(verified.latent, reference.latent)
+    assert verified.rerun_from == 3 and verified.may_differ  # the flag of the run it replaced
+    assert verified.computed_steps == list(range(1, 21)) and verified.skipped_steps == []
+    assert verified.model_calls == 8 + 17 and verified.error_estimate == 0.0
+    assert [e.step for e in events] == [*range(1, 21), *range(4, 21)]
+
+
+def test_an_unflagged_run_under_verify_is_the_plain_run(denoise):
+    def steady(x, sigma):  # every forecast exact: nothing to flag
+        return np.full_like(x, 0.5)
+
+    noise, sigmas = initial_noise(64, [3]), flow_sigmas(20)
+    plain = sample(SAMPLERS["euler"], steady, noise, sigmas, make_cache("auto", 20, {"budget": 8}))
+    verified = sample(SAMPLERS["euler"], steady, noise, sigmas, make_cache("auto", 20, {"budget": 8, "verify": True}))
+    assert verified.may_differ is False and verified.rerun_from is None
+    assert np.array_equal(verified.latent, plain.latent) and verified.model_calls == plain.model_calls == 8
+
+
+def test_a_rewound_cache_restores_into_its_re_run_and_nowhere_else(denoise):
+    cache = make_cache("auto", 20, {"budget": 8, "verify": True})
+    sample(SAMPLERS["euler"], turning(denoise), initial_noise(64, [3]), flow_sigmas(20), cache)
+    state = cache.state()
+    assert state["rerun_from"] == 3 and state["first_score"] >= 1.3
+    json.dumps({k: v for k, v in state.items() if not k.startswith("anchor_")}, allow_nan=False)
+    restored = make_cache("auto", 20, {"budget": 8, "verify": True})
+    restored.restore(state)
+    assert restored.rerun_from == 3 and restored.may_differ and restored.flag_score == cache.flag_score
+    with pytest.raises(AnimaError, match="does not fit"):
+        make_cache("auto", 20, {"budget": 8}).restore(state)  # a re-run without verify: not this run's
+
+
+def test_verify_is_true_or_false():
+    with pytest.raises(AnimaError, match="verify='maybe' is not true or false"):
+        parse_cache_options("verify=maybe")
+    assert make_cache("auto", 20, parse_cache_options("budget=10,verify=1")).verify
