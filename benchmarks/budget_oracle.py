@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from auto_cache import SETS, Reference, evaluate, set_names
+from auto_cache import IDENTICAL_DB, SETS, Reference, evaluate, set_names
 from late_miss_flag import TUNE, choose, misses, scores
 
 from anima_rknn.demo import demo_model_dir
@@ -49,7 +49,6 @@ ESCALATIONS = (13, 16, STEPS)  # the second run's
 RECALLS = (0.8, 1.0)  # the flag's recall on the tuning set's images under 30 dB, which sets its threshold
 CAPS = (10, 8)  # a batch's mean computed steps: the quality and speed points (20 and 16 passes)
 RANK_STARTS = (6, 9, 12, 15, 17, 19)  # the ranked batch's windows: its late computed steps from these on
-IDENTICAL_DB = 60.0  # above every cached image's median at budget 16 (56 dB on tune-large)
 # (mean passes cap, floor every image must hold): the quality and speed points
 POINTS = ((20, 30.0), (16, 22.0))
 CHOICES = np.array([*BUDGETS, STEPS])  # the chooser's options in computed steps: every budget, then uncached
