@@ -96,7 +96,7 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
             bars.append(tqdm(total=event.total, initial=event.step - 1, desc="denoise", unit="step",
                              file=sys.stderr, dynamic_ncols=True))
         bars[0].set_postfix_str("model" if event.computed else "forecast")
-        bars[0].update(1)
+        bars[0].update(event.step - bars[0].n)  # back, when verify runs steps again
         if previews is not None:
             previews(event)
 
