@@ -18,9 +18,9 @@ from anima_rknn.core.tensorfile import load_tensors, read_metadata, save_tensors
 from anima_rknn.demo import demo_model_dir
 from anima_rknn.demo.dataset import IMAGE_SIZE
 from anima_rknn.demo.evaluate import prompt_set
+from anima_rknn.errors import AnimaError
 from anima_rknn.generation.params import GenerationParams
 from anima_rknn.generation.pipeline import AnimaPipeline
-from anima_rknn.errors import AnimaError
 from anima_rknn.generation.resume import STATE_KEY, Checkpoints, Interrupted, read_state
 from anima_rknn.model.model_set import from_model_dir
 
@@ -133,6 +133,7 @@ def test_a_stopped_verify_run_resumes_to_the_same_bits(pipeline, verified, tmp_p
     (lambda trusted: trusted.pop("history"), None),
     (None, lambda tensors: tensors.update({"trusted.latent": tensors["trusted.latent"][..., :4].clone()})),
     (None, lambda tensors: tensors.pop("trusted.latent")),
+    (None, lambda tensors: tensors["trusted.latent"].view(-1)[7:9].fill_(float("nan"))),
 ])
 def test_a_damaged_verify_snapshot_is_refused_in_one_line(pipeline, tmp_path, edit, tensor):
     path = stopped_state(pipeline, VERIFY_20, tmp_path / "x.state", 10)
