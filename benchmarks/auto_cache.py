@@ -1,9 +1,9 @@
 """The `auto` cache on the trained demo model: PSNR vs mean transformer passes against the fixed schedules.
 
 For every prompt the uncached image is the reference; each policy and setting runs from the same noise and the
-same encoded prompt. Prints a Markdown table (per setting: passes mean / max, PSNR mean / median / worst, SSIM,
-adherence, error estimate vs true PSNR as a Spearman rank correlation, the cache's "may differ" flag against
-the images under 30 dB, verify's re-runs), draws PSNR vs mean passes to --plot, and with --json writes the raw
+same encoded prompt. Prints a Markdown table (per setting: passes mean / max and check's partial passes, PSNR
+mean / median / worst, SSIM, adherence, error estimate vs true PSNR as a Spearman rank correlation, the cache's
+"may differ" flag against the images under 30 dB, verify's re-runs), draws PSNR vs mean passes to --plot, and with --json writes the raw
 figures, per image too (PSNR, the cache's estimate, flag and measured errors). An image identical to its uncached
 one (verify's re-runs) counts at IDENTICAL_DB.
 
@@ -56,6 +56,10 @@ SETTINGS = (
     ("auto budget=8 verify=1", "auto", {"budget": 8, "verify": True}),
     ("auto budget=10 verify=1", "auto", {"budget": 10, "verify": True}),
     ("auto verify=1", "auto", {"verify": True}),
+    ("auto budget=8 check=1", "auto", {"budget": 8, "check": True}),
+    ("auto budget=10 check=1", "auto", {"budget": 10, "check": True}),
+    ("auto budget=8 check=1 verify=1", "auto", {"budget": 8, "check": True, "verify": True}),
+    ("auto budget=10 check=1 verify=1", "auto", {"budget": 10, "check": True, "verify": True}),
 )
 
 # An image identical to its uncached one (PSNR infinite: verify's re-runs) counts at this, above every cached
@@ -159,7 +163,7 @@ def evaluate(pipeline: AnimaPipeline, reference: Reference, cache: str, options:
         params = dataclasses.replace(base, cache=cache, cache_options=dict(options))
         latent, image, denoised, state = run_one(pipeline, params, reference.conditioning(i))
         images.append(image)
-        rows.append({"passes": denoised.transformer_passes,
+        rows.append({"passes": denoised.transformer_passes, "partial_passes": denoised.partial_passes,
                      "psnr": identical_as(psnr(reference.images[i], image)),
                      "ssim": ssim(reference.images[i], image),
                      "latent_error": relative_l2(reference.latents[i], latent),
@@ -170,7 +174,8 @@ def evaluate(pipeline: AnimaPipeline, reference: Reference, cache: str, options:
     psnrs = np.array([r["psnr"] for r in rows])
     passes = np.array([r["passes"] for r in rows])
     entry = {"cache": cache, "options": options, "rows": rows,
-             "passes": {"mean": float(passes.mean()), "max": int(passes.max())},
+             "passes": {"mean": float(passes.mean()), "max": int(passes.max()),
+                        "partial": float(np.mean([r["partial_passes"] for r in rows]))},
              "psnr": {"mean": float(psnrs.mean()), "median": float(np.median(psnrs)), "worst": float(psnrs.min())},
              "ssim": {"mean": float(np.mean([r["ssim"] for r in rows])), "worst": float(min(r["ssim"] for r in rows))},
              "adherence": adherence(judge(reference.specs, images))["all"],
@@ -199,7 +204,8 @@ def markdown(report: dict) -> str:
         rank = f"{e['spearman']:.2f}" if "spearman" in e else ""
         flag = "" if "flag" not in e else (f"{e['reruns']} re-run" if e["options"].get("verify")
                                            else f"{e['flag']['flagged']} ({e['flag']['caught']})")
-        lines.append(f"| {label} | {e['passes']['mean']:.1f} / {e['passes']['max']} | {p['mean']:.1f} / "
+        partial = f" (+{e['passes']['partial']:.1f} partial)" if e["passes"].get("partial") else ""
+        lines.append(f"| {label} | {e['passes']['mean']:.1f} / {e['passes']['max']}{partial} | {p['mean']:.1f} / "
                      f"{p['median']:.1f} / {p['worst']:.1f} | {e['below']['30']} / {e['below']['20']} | "
                      f"{s['mean']:.4f} / {s['worst']:.4f} | {e['adherence']:.0%} | {rank} | {flag} |")
     scored = [(label, e) for label, e in report["settings"].items() if "flag" in e and not e["options"].get("verify")]
@@ -233,7 +239,8 @@ def worst_of(reports: list[dict]) -> str:
 
 def plot(reports: list[dict], path: Path) -> None:
     """PSNR vs mean passes, one curve per set: auto's budgets joined (mean solid, worst image dashed), its
-    tolerances as triangles, verify as diamonds, the fixed schedules as squares, each set in its own colour."""
+    tolerances as triangles, check as plus signs, verify as diamonds (with check too), the fixed schedules as
+    squares, each set in its own colour."""
     from matplotlib.figure import Figure  # no pyplot: no display backend needed
 
     figure = Figure(figsize=(9.5, 4.6), dpi=120)
@@ -250,10 +257,12 @@ def plot(reports: list[dict], path: Path) -> None:
         for e in settings:
             if _planned(e):
                 continue
-            marker = "s" if e["cache"] != "auto" else "D" if e["options"].get("verify") else "^"
+            marker = ("s" if e["cache"] != "auto" else "D" if e["options"].get("verify")
+                      else "P" if e["options"].get("check") else "^")
             axes.plot(e["passes"]["mean"], e["psnr"]["mean"], marker, color=colour)
             axes.plot(e["passes"]["mean"], e["psnr"]["worst"], marker, color=colour, alpha=0.5, mfc="none")
     axes.plot([], [], "^", color="grey", label="auto tolerance")
+    axes.plot([], [], "P", color="grey", label="auto budget check=1")
     axes.plot([], [], "D", color="grey", label="auto verify=1")
     axes.plot([], [], "s", color="grey", label="fixed schedules")
     axes.axhline(45, color="grey", lw=0.6, ls=":")
@@ -270,8 +279,9 @@ def plot(reports: list[dict], path: Path) -> None:
 
 
 def _planned(entry: dict) -> bool:
-    """An auto budget without verify: a point on the budget curve."""
-    return entry["cache"] == "auto" and "budget" in entry["options"] and not entry["options"].get("verify")
+    """An auto budget without verify or check: a point on the budget curve."""
+    options = entry["options"]
+    return entry["cache"] == "auto" and "budget" in options and not options.get("verify") and not options.get("check")
 
 
 def run_set(pipeline: AnimaPipeline, name: str, spec: tuple[int, int, int], args: argparse.Namespace,

@@ -113,6 +113,7 @@ def _side(policy: PolicyRuns, label: str, prefix: str) -> dict[str, Any]:
         "rerun_from": sample.rerun_from,  # verify re-ran the steps after this one uncached (None: not re-run)
         "transformer_passes": sum(d.transformer_passes for d in first.denoised_passes),
         "subgraph_runs": sum(d.subgraph_runs for d in first.denoised_passes),
+        "partial_passes": sum(d.partial_passes for d in first.denoised_passes),  # auto's check, in subgraph_runs
         "finite": sample.finite,
         "peak_rss_mb": max(peaks) / MB if peaks else None,  # the highest over repeats
         "passes": passes,
@@ -339,6 +340,8 @@ def _seed_table(entry: dict[str, Any], steps: int, repeats: int) -> list[str]:
          for side, c in zip(cached.values(), comparisons)])
     row("transformer passes", str(base["transformer_passes"]), diff("transformer_passes"))
     row("subgraph runs", str(base["subgraph_runs"]), diff("subgraph_runs"))
+    if any(side["partial_passes"] for side in cached.values()):
+        row("partial passes (auto's check)", "0", diff("partial_passes"))
     timings = base["timings_s"]
     row("denoise", _seconds(timings["denoise"], repeats),
         [(_seconds(side["timings_s"]["denoise"], repeats),

@@ -128,7 +128,8 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
     encode_image = f"VAE encode {t['vae_encode_s']:.2f}s, " if t.get("vae_encode_s") else ""
     echo(f"{'wrote ' + str(out_path) if failed is None else 'NO IMAGE WRITTEN'}: {size_text(params, report)}, "
          f"{steps_text(params)}, {cache_text(params)}: computed {computed_text(params, report)}, "
-         f"{report['transformer_passes']} transformer passes, {report['subgraph_runs']} subgraph runs; "
+         f"{report['transformer_passes']} transformer passes{partial_text(report)}, "
+         f"{report['subgraph_runs']} subgraph runs; "
          f"encode {t['encode_s']:.2f}s, {encode_image}denoise {t['denoise_s']:.2f}s, decode {t['decode_s']:.2f}s, "
          f"total {t['total_s']:.2f}s (excl. encode)")
     if report["cache_error_estimate"] is not None:
@@ -175,6 +176,12 @@ def steps_text(params: GenerationParams) -> str:
 def cache_text(params: GenerationParams) -> str:
     caches = [denoise_pass.cache for denoise_pass in params.passes()]
     return f"cache {caches[0]}" if len(set(caches)) == 1 else f"cache {caches[0]}, hires cache {caches[1]}"
+
+
+def partial_text(report: dict) -> str:
+    """The partial passes auto's check ran, where it ran any (" + 9 partial passes of the first block")."""
+    partial = report["partial_passes"]
+    return f" + {partial} partial pass{'es' if partial != 1 else ''} of the first block" if partial else ""
 
 
 def computed_text(params: GenerationParams, report: dict) -> str:

@@ -14,7 +14,7 @@ from .backends.onnx import OnnxBackend
 from .backends.rknn import RknnBackend, RknnOptions
 from .backends.torch import TorchBackend
 from .memory_plan import plan_memory
-from .split import SplitEngine
+from .split import FirstBlockProbe, SplitEngine
 
 BACKENDS = ("torch", "onnx", "rknn")
 
@@ -63,4 +63,4 @@ def make_engine(dit: AnimaDiT, backend: str = "torch", *, width: int, height: in
     return SplitEngine(dit, runner, latent_size=(height // 8, width // 8))
 
 
-__all__ = ["BACKENDS", "RknnOptions", "SplitEngine", "make_engine", "subgraph_manifest"]
+__all__ = ["BACKENDS", "FirstBlockProbe", "RknnOptions", "SplitEngine", "make_engine", "subgraph_manifest"]

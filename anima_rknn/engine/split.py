@@ -26,6 +26,10 @@ class SplitEngine:
 
     AdaLN modulations depend only on sigma, so the last sigma's are kept and reused by the next pass at the
     same sigma (the cond and uncond passes of a CFG step); `share_modulations=False` turns that off.
+
+    A partial pass (first_block) runs the first block alone, the cheap look at the model that auto's `check`
+    compares with what a forecast assumes; a full pass asked to keep it leaves the same tokens in
+    `first_block_tokens` for free.
     """
 
     def __init__(self, dit: AnimaDiT, backend: Backend, *, latent_size: tuple[int, int] | None = None,
@@ -38,10 +42,13 @@ class SplitEngine:
         self._run_modulations: dict[float, list[torch.Tensor]] = {}  # set by fix_run
         self.passes = 0
         self.subgraph_runs = 0
+        self.partial_passes = 0
+        self.first_block_tokens: torch.Tensor | None = None  # of the last pass run with keep_first_block
 
     def reset_counters(self) -> None:
         self.passes = 0
         self.subgraph_runs = 0
+        self.partial_passes = 0
 
     @torch.inference_mode()
     def fix_run(self, sigmas: list[float], contexts: list[torch.Tensor]) -> None:
@@ -75,25 +82,61 @@ class SplitEngine:
             raise AnimaError(f"engine set up for {w * 8}x{h * 8} images, got a latent for "
                              f"{x.shape[-1] * 8}x{x.shape[-2] * 8}")
 
-    @torch.inference_mode()
-    def velocity(self, x: torch.Tensor, sigma: float, context: torch.Tensor) -> torch.Tensor:
-        """x [1,16,h,w], sigma in [0,1], context [1,T,C] -> velocity [1,16,h,w] fp32 (= dit(x, sigma, context))."""
-        self._check_inputs(x, context)
-        sigma = float(sigma)
-        state = self.dit.prologue(x, torch.tensor([sigma]))
+    def _run_blocks(self, state: PassState, sigma: float, context: torch.Tensor, blocks: int | None = None,
+                    keep_first_block: bool = False) -> None:
         context_np = context.detach().float().contiguous().numpy()
         extra_inputs = (rope_inputs(state.rope), {"context": context_np}, {})
-        for b, block_mods in enumerate(self._block_modulations(sigma, state)):
+        for b, block_mods in enumerate(self._block_modulations(sigma, state)[:blocks]):
             for part in range(3):
                 shift, scale, gate = block_mods[part]
                 body_in = layer_norm_modulate(state.tokens, shift, scale)
                 y = self.backend.run(3 * b + part, {"x": body_in.numpy(), **extra_inputs[part]})
                 state.tokens = state.tokens + gate * torch.from_numpy(y).float()
                 self.subgraph_runs += 1
+            if b == 0 and keep_first_block:
+                self.first_block_tokens = state.tokens
+
+    @torch.inference_mode()
+    def velocity(self, x: torch.Tensor, sigma: float, context: torch.Tensor,
+                 keep_first_block: bool = False) -> torch.Tensor:
+        """x [1,16,h,w], sigma in [0,1], context [1,T,C] -> velocity [1,16,h,w] fp32 (= dit(x, sigma, context)).
+        `keep_first_block`: leave the residual stream after the first block in first_block_tokens."""
+        self._check_inputs(x, context)
+        sigma = float(sigma)
+        state = self.dit.prologue(x, torch.tensor([sigma]))
+        self._run_blocks(state, sigma, context, keep_first_block=keep_first_block)
         self.passes += 1
         return self.dit.epilogue(state)
+
+    @torch.inference_mode()
+    def first_block(self, x: torch.Tensor, sigma: float, context: torch.Tensor) -> torch.Tensor:
+        """The residual stream [1,N,D] after the first block of the pass velocity(x, sigma, context) would run:
+        1 / blocks of a pass (its 3 subgraphs), counted in partial_passes and subgraph_runs."""
+        self._check_inputs(x, context)
+        sigma = float(sigma)
+        state = self.dit.prologue(x, torch.tensor([sigma]))
+        self._run_blocks(state, sigma, context, blocks=1)
+        self.partial_passes += 1
+        return state.tokens
 
     def close(self) -> None:
         self._modulations = None
         self._run_modulations = {}
         self.backend.close()
+
+
+class FirstBlockProbe:
+    """The first block of one prompt's pass, as auto's `check` looks at the model (sampling.auto_cache.Probe): a
+    partial pass at a latent, and the same tokens of the last full pass, which velocity() kept for free when the
+    denoiser asked it to (keep_first_block)."""
+
+    def __init__(self, engine: SplitEngine, context: torch.Tensor) -> None:
+        self.engine, self.context = engine, context
+
+    def __call__(self, x: np.ndarray, sigma: float) -> np.ndarray:
+        return self.engine.first_block(torch.from_numpy(np.asarray(x, dtype=np.float32)), sigma, self.context).numpy()
+
+    def last(self) -> np.ndarray:
+        if self.engine.first_block_tokens is None:
+            raise RuntimeError("no full pass has kept its first block's tokens yet")
+        return self.engine.first_block_tokens.numpy()

@@ -24,7 +24,7 @@ from ..core.files import cached_sha256
 from ..core.memory import available_bytes, return_freed_memory
 from ..core.tensorfile import fingerprint, read_shapes
 from ..core.threads import use_threads
-from ..engine import RknnOptions, make_engine, subgraph_manifest
+from ..engine import FirstBlockProbe, RknnOptions, make_engine, subgraph_manifest
 from ..engine.backends.rknn import check_runtime
 from ..engine.vae_auto import choose_vae_backend
 from ..engine.vae_tiles import open_tile_decoder, open_tile_encoder, vae_set_manifest
@@ -222,12 +222,14 @@ class AnimaPipeline:
         engine = make_engine(dit, params.backend, subgraphs=params.subgraphs if start.index == 0
                              else params.hires_subgraphs, width=denoise_pass.width, height=denoise_pass.height,
                              dit_path=self.files.dit, rknn=params.rknn)
-        cfg = params.cfg
+        cfg, probing = params.cfg, cache.needs_probe
+        if probing:
+            cache.attach_probe(FirstBlockProbe(engine, conditioning.positive))
 
         def denoise(x: np.ndarray, sigma: float) -> np.ndarray:
             latent = torch.from_numpy(x)
             with torch.no_grad():
-                v = engine.velocity(latent, sigma, conditioning.positive)
+                v = engine.velocity(latent, sigma, conditioning.positive, keep_first_block=probing)
                 if cfg != 1.0:  # CFG 1 is the conditional model alone: skip the wasted pass
                     v_uncond = engine.velocity(latent, sigma, conditioning.negative)
                     v = v_uncond + cfg * (v - v_uncond)
@@ -245,10 +247,10 @@ class AnimaPipeline:
         finally:
             engine.close()
         elapsed = time.perf_counter() - began + (resume.denoise_s if resume is not None else 0.0)
-        passes, subgraph_runs = engine.passes, engine.subgraph_runs
+        passes, subgraph_runs, partial_passes = engine.passes, engine.subgraph_runs, engine.partial_passes
         del dit, engine, denoise  # the step function holds the engine too
         return_freed_memory()
-        return Denoised(sampled, passes, subgraph_runs, elapsed, start.index)
+        return Denoised(sampled, passes, subgraph_runs, elapsed, start.index, partial_passes)
 
     def decode(self, latent: np.ndarray, plan: DecodePlan = DecodePlan(),
                rknn: RknnOptions = RknnOptions()) -> tuple[Image.Image, float]:

@@ -41,6 +41,7 @@ class Denoised:
     subgraph_runs: int
     denoise_s: float
     pass_index: int = 0  # which of the run's passes (GenerationParams.passes()) this is
+    partial_passes: int = 0  # the first block alone (auto's check): 1 / blocks of a pass each, in subgraph_runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +101,7 @@ class GenerationResult:
             "timings": {k: round(v, 4) for k, v in self.timings().items()},
             "transformer_passes": sum(d.transformer_passes for d in self.denoised_passes()),
             "subgraph_runs": sum(d.subgraph_runs for d in self.denoised_passes()),
+            "partial_passes": sum(d.partial_passes for d in self.denoised_passes()),
             "computed_steps": sample.computed_steps, "skipped_steps": sample.skipped_steps,
             "recomputed_steps": sample.recomputed_steps,
             "cache_error_estimate": sample.error_estimate,  # None: the cache does not measure itself

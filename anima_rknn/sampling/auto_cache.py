@@ -27,14 +27,14 @@ step's first: two computed calls at one sigma give no slope, and the forecast th
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..checks import is_integer, is_number, require
 from ..errors import AnimaError
 
-AUTO_OPTIONS = {"tol": float, "budget": int, "guard": float, "warmup": int, "verify": bool}
+AUTO_OPTIONS = {"tol": float, "budget": int, "guard": float, "warmup": int, "verify": bool, "check": bool}
 # Chosen on the demo model's tuning prompts and seeds (benchmarks/auto_cache.py --prompts 24 --prompt-seed 3
 # --seed 5000), never on the README's 48 held-out ones. tol and guard steer a run without a budget; a budget
 # plans its own calls and spends them all.
@@ -70,6 +70,41 @@ PLAN_GAIN, PLAN_SIGMA = 1.0, 0.8
 # (benchmarks/auto_cache.py, README: what held out). Another model's misses need their own fit.
 TYPICAL_MISS = (-3.59, 1.85, 1.77, -0.66)
 FLAG_SIGMA, FLAG_SCORE = 0.8, 1.3
+# A budget's `check` (issue 24), DBCache-style: before a planned forecast is trusted, the first block runs on the
+# latent at hand (a partial pass of the positive prompt: 1 / blocks of a pass), and its output's miss from the
+# damped line through the last two computed steps' (relative L2), over the typical miss at that sigma and distance
+# d, scales the step's charge in the plan; the plan made again over the same calls left may then compute the step.
+# The typical miss, fitted on the demo model's `tune` uncached runs (distances 1-4, steps 3-20):
+#   ln miss = a + b sigma + (c + e sigma) ln d.
+# Across the images of a set the partial pass's miss ranks the x0 forecast's real error with median Spearman 0.50-
+# 0.62 (tune and four held-out sets; benchmarks/partial_pass_check.py). Another model needs its own fit.
+TYPICAL_PROBE_MISS = (-2.58, -0.76, 0.85, 0.21)
+
+
+def probe_miss(features: np.ndarray, sigma: float, last: tuple[float, np.ndarray],
+               before: tuple[float, np.ndarray]) -> float:
+    """Relative L2 miss of a probe's features at `sigma` from the damped line (DAMPING, linear in sigma) through
+    the (sigma, features) of the last two computed steps; inf where not finite."""
+    (sigma_a, at), (sigma_b, bt) = ((s, np.asarray(f, dtype=np.float64).ravel()) for s, f in (last, before))
+    features = np.asarray(features, dtype=np.float64).ravel()
+    reach = DAMPING * (sigma - sigma_a) / (sigma_a - sigma_b) if sigma_a != sigma_b else 0.0
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        miss = float(np.linalg.norm(at + reach * (at - bt) - features) / np.linalg.norm(features))
+    return miss if math.isfinite(miss) else math.inf
+
+
+def typical_probe_miss(sigma: float, distance: int) -> float:
+    k0, k1, k2, k3 = TYPICAL_PROBE_MISS
+    return math.exp(k0 + k1 * sigma + (k2 + k3 * sigma) * math.log(distance))
+
+
+class Probe(Protocol):
+    """A cheap look at the model for `check`: its features at latent x and sigma from a partial pass, and the same
+    features of the last full model call (which kept them for free)."""
+
+    def __call__(self, x: np.ndarray, sigma: float) -> np.ndarray: ...
+
+    def last(self) -> np.ndarray: ...
 
 
 class AutoCache:
@@ -82,13 +117,16 @@ class AutoCache:
 
     `budget` (computed steps, optional) replaces both: a hard cap, spent whole on the plan with the least
     expected error. The sampler's own refusal of a non-finite forecast is the one thing that can add a call
-    beyond it.
+    beyond it. With `check`, a partial pass looks at every forecast the plan would make before it is trusted
+    (TYPICAL_PROBE_MISS): the image's own measurements move its plan, within the same cap. It needs a Probe
+    (attach_probe), which the pipeline makes from its engine.
     """
 
     name = "auto"
 
     def __init__(self, num_steps: int, tol: float | None = None, budget: int | None = None,
-                 guard: float | None = None, warmup: int = AUTO_DEFAULTS["warmup"], verify: bool = False) -> None:
+                 guard: float | None = None, warmup: int = AUTO_DEFAULTS["warmup"], verify: bool = False,
+                 check: bool = False) -> None:
         require(is_integer(num_steps) and num_steps >= 1,
                 f"number of steps must be a positive integer, got {num_steps!r}")
         for key, value in (("tol", tol), ("guard", guard)):
@@ -99,6 +137,8 @@ class AutoCache:
         require(is_number(tol) and tol >= 0, f"cache option tol must be a number >= 0, got {tol!r}")
         require(is_number(guard) and guard > 0, f"cache option guard must be a number > 0, got {guard!r}")
         require(isinstance(verify, bool), f"cache option verify must be true or false, got {verify!r}")
+        require(isinstance(check, bool), f"cache option check must be true or false, got {check!r}")
+        require(not check or budget is not None, "cache option check needs a budget (it moves a budget's plan)")
         require(is_integer(warmup) and warmup >= 2,
                 f"cache option warmup must be an integer >= 2 for auto, got {warmup!r}")
         warm = min(warmup, num_steps)
@@ -109,6 +149,10 @@ class AutoCache:
         self.tol, self.guard, self.warmup = float(tol), float(guard), int(warmup)
         self.budget = None if budget is None else int(budget)
         self.verify = verify  # a flagged run is re-run uncached from the last call before its first forecast
+        self.check = check  # a partial pass looks at each planned forecast first
+        self._probe: Probe | None = None
+        self._probe_anchors: list[tuple[int, np.ndarray]] = []  # last two computed: (step, the probe's features)
+        self._checked: list[int] = []  # steps the plan would have forecast and the check computed
         self._sigmas: list[float] | None = None
         self._fresh_noise = False  # the sampler adds fresh noise: the last computed x0 is held (module docstring)
         self._computed: list[int] = []
@@ -130,9 +174,18 @@ class AutoCache:
             raise RuntimeError(f"auto cache is set up for {self.num_steps} steps, got {len(sigmas)} sigmas")
         self._sigmas, self._fresh_noise = sigmas, bool(fresh_noise)
 
-    def should_skip(self) -> bool:
+    @property
+    def needs_probe(self) -> bool:
+        return self.check
+
+    def attach_probe(self, probe: Probe) -> None:
+        self._probe = probe
+
+    def should_skip(self, x: np.ndarray | None = None) -> bool:
         if self._sigmas is None:
             raise RuntimeError("the sampler hands the auto cache its sigmas before the first step")
+        if self.check and self._probe is None:
+            raise RuntimeError("the auto cache's check needs a probe of the model (attach_probe)")
         if self._rerun_from is not None:
             return False  # verify's re-run: every call computed
         step = self._step + 1
@@ -142,7 +195,12 @@ class AutoCache:
         if step <= self.warmup or len(self._anchors) < 2 or self._errors[-1] is None:
             return False  # warm-up, or the last forecast could not be measured: compute
         if left is not None:
-            return self._plan_forecasts(step, left)
+            if not self._plan_forecasts(step, left):
+                return False
+            if self.check and not self._plan_forecasts(step, left, self._probe_ratio(step, x)):
+                self._checked.append(step)
+                return False
+            return True
         return len(self._open) < self._longest_run() and self._errors[-1] <= self.guard \
             and self._cost(step, len(self._open) + 1) <= self.tol
 
@@ -172,6 +230,8 @@ class AutoCache:
         sigma = self._sigmas[step - 1]
         eps = ((latent.astype(np.float64) - (1.0 - sigma) * flat) / sigma).astype(np.float32)
         self._anchors = [*self._anchors[-1:], (step, flat, eps)]
+        if self.check:
+            self._probe_anchors = [*self._probe_anchors[-1:], (step, self._features(self._probe.last()))]
         self._computed.append(step)
 
     # ---- what the run reports ------------------------------------------------------------------------------
@@ -218,7 +278,13 @@ class AutoCache:
         self._first_score = self.flag_score
         kept = self._computed.index(calls) + 1
         self._computed, self._errors, self._skipped = self._computed[:kept], self._errors[:kept], []
-        self._settled, self._rerun_from, self._anchors = 0.0, calls, []
+        self._settled, self._rerun_from, self._anchors, self._probe_anchors = 0.0, calls, [], []
+        self._checked = [s for s in self._checked if s <= calls]
+
+    @property
+    def checked_steps(self) -> list[int]:
+        """The calls the plan would have forecast and `check`'s partial pass had computed."""
+        return list(self._checked)
 
     @property
     def measured_errors(self) -> list[float | None]:
@@ -243,7 +309,9 @@ class AutoCache:
                 "level": self._level, "settled": self._settled, "shape": list(self._shape),
                 "anchor_steps": [a[0] for a in self._anchors],
                 "anchor_x0": [a[1] for a in self._anchors], "anchor_eps": [a[2] for a in self._anchors],
-                "rerun_from": self._rerun_from, "first_score": self._first_score}
+                "rerun_from": self._rerun_from, "first_score": self._first_score,
+                "checked": list(self._checked), "probe_steps": [a[0] for a in self._probe_anchors],
+                "probe_features": [a[1] for a in self._probe_anchors]}
 
     def restore(self, state: dict[str, Any]) -> None:
         try:
@@ -253,6 +321,9 @@ class AutoCache:
             steps, x0s, epss = list(state["anchor_steps"]), list(state["anchor_x0"]), list(state["anchor_eps"])
             # a state written before verify existed has neither
             rerun_from, first_score = state.get("rerun_from"), state.get("first_score")
+            # nor a state written before check existed
+            checked, probe_steps = list(state.get("checked", [])), list(state.get("probe_steps", []))
+            probe_features = list(state.get("probe_features", []))
         except (KeyError, TypeError):
             raise AnimaError("the cache state is incomplete") from None
         size = int(np.prod(shape)) if shape and all(is_integer(n) and n > 0 for n in shape) else -1
@@ -269,7 +340,12 @@ class AutoCache:
                and len(x0s) == len(epss) == len(steps)
                and all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.shape == (size,) for a in arrays)
                and (rerun_from is None or (self.verify and is_integer(rerun_from) and rerun_from in computed
-                                           and not skipped and is_number(first_score) and first_score >= 0)),
+                                           and not skipped and is_number(first_score) and first_score >= 0))
+               and all(is_integer(s) for s in checked) and set(checked) <= set(computed)
+               and (probe_steps == (computed[-2:] if self.check and rerun_from is None else []))
+               and len(probe_features) == len(probe_steps)
+               and all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 1 and a.size > 0
+                       and a.size == probe_features[0].size and np.isfinite(a).all() for a in probe_features),
                "the cache state does not fit this run's schedule")
         self._computed, self._skipped = [int(s) for s in computed], [int(s) for s in skipped]
         errors = dict(zip(measured_steps, measured_errors))
@@ -279,6 +355,8 @@ class AutoCache:
         self._anchors = [(int(s), np.array(a, copy=True), np.array(e, copy=True)) for s, a, e in zip(steps, x0s, epss)]
         self._rerun_from = None if rerun_from is None else int(rerun_from)
         self._first_score = None if first_score is None else float(first_score)
+        self._checked = [int(s) for s in checked]
+        self._probe_anchors = [(int(s), np.array(a, copy=True)) for s, a in zip(probe_steps, probe_features)]
 
     # ---- inside -----------------------------------------------------------------------------------------------
 
@@ -314,6 +392,21 @@ class AutoCache:
         from_eps = (x.astype(np.float64) - sigma * (eps_a + reach * (eps_a - eps_b))) / (1.0 - sigma)
         return sigma**2 * from_x0 + (1.0 - sigma**2) * from_eps
 
+    @staticmethod
+    def _features(features: np.ndarray) -> np.ndarray:
+        return np.asarray(features, dtype=np.float32).ravel().copy()
+
+    def _probe_ratio(self, step: int, x: np.ndarray | None) -> float:
+        """The partial pass's miss at the latent x of `step` (probe_miss), over the typical miss at its sigma and
+        distance (TYPICAL_PROBE_MISS)."""
+        if x is None:
+            raise RuntimeError("the auto cache's check needs the latent the model is asked about")
+        sigma, distance = self._sigmas[step - 1], len(self._open) + 1
+        features = self._probe(np.asarray(x, dtype=np.float32), sigma)
+        (a, at), (b, bt) = self._probe_anchors[-2:][::-1]
+        return probe_miss(features, sigma, (self._sigmas[a - 1], at), (self._sigmas[b - 1], bt)) \
+            / typical_probe_miss(sigma, distance)
+
     def _measure(self, step: int, x: np.ndarray, x0: np.ndarray) -> float | None:
         """Relative L2 error of the forecast for this computed step; None before two steps are stored or when it
         is not finite (such a step counts as unmeasured, so the next one is computed too)."""
@@ -342,8 +435,9 @@ class AutoCache:
         growth = distances[None, :] ** (PLAN_GROWTH[0] + PLAN_GROWTH[1] * sigma[:, None])
         return ((sigma - sigma_next) / sigma * gain)[:, None] * growth
 
-    def _plan_forecasts(self, step: int, left: int) -> bool:
-        """Whether the cheapest placement of `left` calls over steps step..num_steps forecasts `step`."""
+    def _plan_forecasts(self, step: int, left: int, scale: float = 1.0) -> bool:
+        """Whether the cheapest placement of `left` calls over steps step..num_steps forecasts `step`, its charge
+        scaled by `scale` (check's ratio)."""
         n, distance, charges = self.num_steps, len(self._open) + 1, self._plan_charges()
         # rest[d - 1, c]: the least charge of the steps after the one at hand when the next is at distance d from
         # a computed step with c calls left (distance n + 1 never occurs: its row stays infinite).
@@ -353,4 +447,4 @@ class AutoCache:
             forecast = charges[k - 1][:, None] + rest[1:]
             compute = np.hstack([no_call, np.broadcast_to(rest[0, :-1], (n, left))])
             rest[:n] = np.minimum(forecast, compute)
-        return bool(charges[step - 1, distance - 1] + rest[distance, left] <= rest[0, left - 1])
+        return bool(scale * charges[step - 1, distance - 1] + rest[distance, left] <= rest[0, left - 1])

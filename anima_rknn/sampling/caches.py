@@ -9,7 +9,7 @@ import numpy as np
 
 from ..checks import is_int_in, require
 from ..errors import AnimaError
-from .auto_cache import AUTO_OPTIONS, AutoCache
+from .auto_cache import AUTO_OPTIONS, AutoCache, Probe
 from .spectrum import Spectrum, SpectrumSchedule
 
 CACHE_NAMES = ("none", "spectrum", "spectrum-plus", "reuse", "auto")
@@ -33,7 +33,7 @@ _TRUE_WORDS, _FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "of
 class CachePolicy(Protocol):
     """Before the first call the sampler loop hands over the sigma of every model call the run makes and the
     run's final sigma, and whether the sampler adds fresh noise on its steps (set_sigmas); then per call it calls
-    should_skip(), then forecast(x) or record(x, x0), x being the latent the model is asked about.
+    should_skip(x), then forecast(x) or record(x, x0), x being the latent the model is asked about.
 
     A non-finite forecast is taken back with withdraw_forecast(); the loop then record()s the model's x0 for
     that same call. state() / restore() carry a run across a stop and resume:
@@ -43,10 +43,11 @@ class CachePolicy(Protocol):
     name: str
     num_steps: int
     verify: bool  # a flagged run asks to be re-run uncached (wants_rerun): the loop keeps a snapshot for it
+    needs_probe: bool  # the policy looks at the model through a partial pass (auto's check): attach_probe() it
 
     def set_sigmas(self, sigmas: np.ndarray, fresh_noise: bool = False) -> None: ...
 
-    def should_skip(self) -> bool: ...
+    def should_skip(self, x: np.ndarray | None = None) -> bool: ...
 
     def forecast(self, x: np.ndarray) -> np.ndarray: ...
 
@@ -86,6 +87,9 @@ class CachePolicy(Protocol):
     def rewind(self, calls: int) -> None:
         """Back to the state after `calls` model calls, every later call computed (only when wants_rerun)."""
 
+    def attach_probe(self, probe: Probe) -> None:
+        """The model's partial pass for a policy that needs_probe, before the first call."""
+
 
 class NoCache:
     """Runs the model on every step."""
@@ -99,7 +103,7 @@ class NoCache:
     def set_sigmas(self, sigmas: np.ndarray, fresh_noise: bool = False) -> None:
         pass  # every step is computed, whatever the sigmas
 
-    def should_skip(self) -> bool:
+    def should_skip(self, x: np.ndarray | None = None) -> bool:
         return False
 
     def forecast(self, x: np.ndarray) -> np.ndarray:
@@ -128,7 +132,7 @@ class NoCache:
         return []
 
     error_estimate = may_differ = rerun_from = None
-    verify = wants_rerun = False
+    verify = wants_rerun = needs_probe = False
 
 
 class ReuseCache:
@@ -144,7 +148,7 @@ class ReuseCache:
     def set_sigmas(self, sigmas: np.ndarray, fresh_noise: bool = False) -> None:
         pass  # a fixed schedule, blind to the sigmas; it reuses x0, which fresh noise does not touch
 
-    def should_skip(self) -> bool:
+    def should_skip(self, x: np.ndarray | None = None) -> bool:
         return self.schedule.should_skip()
 
     def forecast(self, x: np.ndarray) -> np.ndarray:
@@ -178,7 +182,7 @@ class ReuseCache:
         return self.schedule.skipped_steps
 
     error_estimate = may_differ = rerun_from = None
-    verify = wants_rerun = False
+    verify = wants_rerun = needs_probe = False
 
 
 def make_cache(name: str, num_steps: int,

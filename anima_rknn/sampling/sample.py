@@ -91,7 +91,7 @@ class _CachedModel:
 
     def __call__(self, x: np.ndarray, sigma: float) -> np.ndarray:
         call = len(self.cache.computed_steps) + len(self.cache.skipped_steps) + 1
-        if self.cache.should_skip():
+        if self.cache.should_skip(x):
             # A forecast that overflowed is refused just below and answered with a model call: no warning.
             with np.errstate(over="ignore", invalid="ignore"):
                 x0 = self.cache.forecast(x)

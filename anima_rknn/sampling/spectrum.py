@@ -152,12 +152,12 @@ class Spectrum:
         return self.schedule.skipped_steps
 
     error_estimate = may_differ = rerun_from = None  # a fixed schedule does not measure its forecasts (sampling/auto_cache.py)
-    verify = wants_rerun = False
+    verify = wants_rerun = needs_probe = False
 
     def set_sigmas(self, sigmas: np.ndarray, fresh_noise: bool = False) -> None:
         pass  # sd.cpp's schedule and tau axis count model calls, not sigmas; it forecasts x0 alone
 
-    def should_skip(self) -> bool:
+    def should_skip(self, x: np.ndarray | None = None) -> bool:
         return self.schedule.should_skip()
 
     def record(self, x: np.ndarray, x0: np.ndarray) -> None:

@@ -13,6 +13,7 @@ from anima_rknn.bench.report import Thresholds, build_report, markdown, to_json,
 from anima_rknn.bench.run import run_bench
 from anima_rknn.generation.params import GenerationParams
 from anima_rknn.generation.pipeline import AnimaPipeline
+from anima_rknn.model.config import PRESETS
 
 
 def _strict_json(text: str) -> dict:
@@ -140,3 +141,15 @@ def test_an_adaptive_cache_reports_its_estimate_and_the_spread_of_its_passes(tin
     assert all(isinstance(f, bool) for f in flags) and flag["flagged"] == sum(flags)
     assert flag["below_30db"] == sum(e["cached"]["auto"]["vs_baseline"]["psnr_db"] < 30 for e in report["seeds"])
     assert report["aggregate"]["spectrum"]["flag"] is None and "| cache may differ |" in text
+
+
+def test_auto_check_reports_its_partial_passes(tiny_set):
+    """The first block's partial passes are counted per run and shown beside the subgraph runs they add to."""
+    params = GenerationParams(prompt="a red circle", width=32, height=32, steps=20, seed=9)
+    result = run_bench(AnimaPipeline(tiny_set, keep_dit=True), params, ["auto"], {"budget": 8, "check": True})
+    report = _strict_json(to_json(build_report(result, "tiny.safetensors")))
+    auto, base = report["seeds"][0]["cached"]["auto"], report["seeds"][0]["baseline"]
+    assert auto["partial_passes"] > 0 and base["partial_passes"] == 0
+    assert auto["transformer_passes"] == 16
+    assert auto["subgraph_runs"] == 3 * PRESETS["tiny"].blocks * 16 + 3 * auto["partial_passes"]
+    assert f"| partial passes (auto's check) | 0 | {auto['partial_passes']} |" in markdown(report)

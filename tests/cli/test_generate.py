@@ -184,6 +184,28 @@ def test_verify_reruns_a_flagged_image_uncached_and_says_so(run_cli, tmp_path):
     assert Image.open(tmp_path / "plain.png").tobytes() != Image.open(tmp_path / "uncached.png").tobytes()
 
 
+def test_check_looks_at_planned_forecasts_with_partial_passes_and_says_what_they_cost(run_cli, tmp_path):
+    """`budget=8,check=1` on the same held-out image: the first block's partial passes move the plan (other
+    computed steps, still 8), and JSON, summary and subgraph count say how many ran (the demo DiT has 6 blocks, 3
+    subgraphs each); without a budget the option is a one-line error."""
+    caption = prompt_set(48, 202)[20].caption
+    common = ["-p", caption, "--seed", "32020", "--steps", "20", "--cfg", "4", "--json", "--cache", "auto"]
+    plain = json.loads(run_cli("generate", *common, "--cache-option", "budget=8", "-o", tmp_path / "plain.png").out)
+    result = run_cli("generate", *common, "--cache-option", "budget=8,check=1", "-o", tmp_path / "checked.png")
+    report = json.loads(result.out)
+    assert plain["partial_passes"] == 0 and report["partial_passes"] > 0
+    assert report["transformer_passes"] == 16 and len(report["computed_steps"]) == 8
+    assert report["computed_steps"] != plain["computed_steps"]
+    assert report["subgraph_runs"] == 3 * 6 * 16 + 3 * report["partial_passes"]
+    assert f"16 transformer passes + {report['partial_passes']} partial passes of the first block" in result.err
+    assert "Cache options: budget=8,check=True" in Image.open(tmp_path / "checked.png").text["parameters"]
+    refused = run_cli("generate", "-p", caption, "--cache", "auto", "--cache-option", "check=1",
+                      "-o", tmp_path / "none.png")
+    assert refused.code == 1 and refused.err.strip().splitlines() == [
+        "error: cache option check needs a budget (it moves a budget's plan)"]
+    assert not (tmp_path / "none.png").exists()
+
+
 def test_no_model_means_the_shipped_demo_model_at_its_trained_size(run_cli, tmp_path):
     out = tmp_path / "demo.png"
     result = run_cli("generate", "-p", "a red circle on a blue background, top left", "--steps", "8", "-o", out,

@@ -1,7 +1,8 @@
 """The `auto` cache's quality point on the shipped demo model, pinned: the first 12 of the README's 48 held-out
 prompts (benchmarks/auto_cache.py; noise seeds 1000 + i), 20 steps, CFG 4, each image against the uncached
 one from the same noise. A subset, so that it runs in seconds; the README's table has all 48. Then `verify=1` on
-the held-out set `h2`, whose images break worst at that budget: the flag marks them and verify re-runs them."""
+the held-out set `h2`, whose images break worst at that budget: the flag marks them and verify re-runs them; and
+`check=1` on held-out images of `h1` and `h2` whose plan its partial pass moves."""
 
 from __future__ import annotations
 
@@ -59,15 +60,19 @@ def test_quality_point_holds_its_figures(runs) -> None:
 
 
 
-H2 = (48, 202, 32000)  # benchmarks/auto_cache.py's `h2`: prompts, prompt-set seed, noise seed of the first
-# h2's three worst images at budget=10 (15.2-18.9 dB) and its first three.
+H1, H2 = (48, 101, 31000), (48, 202, 32000)  # benchmarks/auto_cache.py's `h1`, `h2`: prompts, prompt-set seed,
+# noise seed of the first. h2's three worst images at budget=10 (15.2-18.9 dB) and its first three:
 VERIFIED = (20, 29, 32, 0, 1, 2)
 
 
-def h2_params(i: int) -> GenerationParams:
-    prompts, prompt_seed, seed = H2
+def held_out_params(held_out: tuple[int, int, int], i: int) -> GenerationParams:
+    prompts, prompt_seed, seed = held_out
     return GenerationParams(prompt=prompt_set(prompts, prompt_seed)[i].caption, width=IMAGE_SIZE, height=IMAGE_SIZE,
                             steps=20, cfg=4.0, seed=seed + i)
+
+
+def h2_params(i: int) -> GenerationParams:
+    return held_out_params(H2, i)
 
 
 @pytest.fixture(scope="module")
@@ -147,3 +152,40 @@ def test_a_damaged_verify_snapshot_is_refused_in_one_line(pipeline, tmp_path, ed
     with pytest.raises(AnimaError, match="verify snapshot is damaged") as refused:
         read_state(path)
     assert "\n" not in str(refused.value)
+
+
+CHECK_20 = dataclasses.replace(h2_params(20), cache="auto", cache_options={"budget": 8, "check": True})
+
+
+def test_a_stopped_checked_run_resumes_to_the_same_bits(pipeline, tmp_path):
+    """The first block's tokens of the last two computed steps travel in the resume state (they are not the
+    latent's size, and the cache checks them itself), so the check after a resume decides as it would have."""
+    whole = pipeline.generate(CHECK_20)
+    state = read_state(stopped_state(pipeline, CHECK_20, tmp_path / "x.state", 10))
+    assert len(state.cache_state["probe_features"]) == 2
+    resumed = pipeline.generate(CHECK_20, resume=state)
+    assert np.array_equal(resumed.latent, whole.latent)
+    assert resumed.denoised.sample.computed_steps == whole.denoised.sample.computed_steps
+    assert resumed.denoised.partial_passes < whole.denoised.partial_passes  # only the checks after step 10 ran
+
+
+# budget=10 plain -> check=1 in benchmarks/auto_cache.py: h1's images 8, 38, 41 (its worst) 30.6 -> 44.9, 34.9 ->
+# 50.1, 20.9 -> 28.8 dB; h2's image 45 33.6 -> 54.1 dB.
+CHECKED = ((H1, 8), (H1, 38), (H1, 41), (H2, 45))
+
+
+def test_check_moves_the_plan_where_the_partial_pass_sees_a_miss(pipeline):
+    """The same 20 passes, placed where the first block disagrees with its line: each of these held-out images
+    comes out at least 5 dB nearer its uncached one, for 10-12 partial passes (1/6 of a pass each here)."""
+    for held_out, i in CHECKED:
+        base = held_out_params(held_out, i)
+        conditioning = pipeline.encode(base.prompt, base.negative, base.dtype)
+        images = {}
+        for label, cache, options in (("uncached", "none", {}), ("plain", "auto", QUALITY_POINT),
+                                      ("checked", "auto", {**QUALITY_POINT, "check": True})):
+            denoised = pipeline.denoise(conditioning, dataclasses.replace(base, cache=cache, cache_options=options))
+            images[label] = (np.asarray(pipeline.decode(denoised.sample.latent)[0]), denoised)
+        plain, checked = (psnr(images["uncached"][0], images[label][0]) for label in ("plain", "checked"))
+        assert checked >= plain + 5 and checked >= 28, (held_out, i, plain, checked)
+        denoised = images["checked"][1]
+        assert denoised.transformer_passes == 20 and 8 <= denoised.partial_passes <= 14, (held_out, i)

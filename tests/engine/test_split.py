@@ -3,12 +3,13 @@ monolithic DiT forward (itself checked against diffusers in tests/model/test_dit
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 
 from anima_rknn.engine import make_engine
 from anima_rknn.engine.backends.torch import TorchBackend
-from anima_rknn.engine.split import SplitEngine
+from anima_rknn.engine.split import FirstBlockProbe, SplitEngine
 from anima_rknn.errors import AnimaError
 from anima_rknn.model.config import PRESETS
 from anima_rknn.model.io import load_dit, random_dit, save_dit
@@ -188,3 +189,25 @@ def test_a_fixed_run_gives_the_same_velocity_with_its_weights_freed(tmp_path):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     with pytest.raises(RuntimeError, match="not in it"):
         engine.velocity(x, 1.0, cond + 1)
+
+
+def test_a_partial_pass_is_the_monolithic_forward_cut_after_its_first_block(dit):
+    """first_block() against the monolithic forward of the same DiT with one block left and its epilogue cut
+    off; a full pass asked to keep them leaves the same tokens, and both are counted for what they ran."""
+    cond, _ = contexts()
+    x = latent(12, 20)
+    cut = copy.deepcopy(dit)
+    cut.blocks = cut.blocks[:1]
+    cut.epilogue = lambda state: state.tokens
+    engine = make_engine(dit, width=160, height=96)
+    for sigma in (1.0, 0.37):
+        tokens = engine.first_block(x, sigma, cond)
+        assert relative_error(tokens, monolithic(cut, x, sigma, cond)) <= 1e-5
+        engine.velocity(x, sigma, cond, keep_first_block=True)
+        assert torch.equal(engine.first_block_tokens, tokens)
+    assert (engine.passes, engine.partial_passes) == (2, 2)
+    assert engine.subgraph_runs == 2 * 3 * CONFIG.blocks + 2 * 3
+    probe = FirstBlockProbe(engine, cond)
+    assert np.array_equal(probe(x.numpy(), 0.37), tokens.numpy()) and np.array_equal(probe.last(), tokens.numpy())
+    with pytest.raises(RuntimeError, match="no full pass"):
+        FirstBlockProbe(make_engine(dit, width=160, height=96), cond).last()

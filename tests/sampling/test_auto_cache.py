@@ -10,6 +10,7 @@ import pytest
 from mixture import cfg_denoiser, initial_noise, make_testbed
 
 from anima_rknn.errors import AnimaError
+from anima_rknn.sampling.auto_cache import probe_miss
 from anima_rknn.sampling.caches import make_cache, parse_cache_options
 from anima_rknn.sampling.sample import sample
 from anima_rknn.sampling.samplers import SAMPLERS
@@ -347,3 +348,98 @@ def test_verify_is_true_or_false():
     with pytest.raises(AnimaError, match="verify='maybe' is not true or false"):
         parse_cache_options("verify=maybe")
     assert make_cache("auto", 20, parse_cache_options("budget=10,verify=1")).verify
+
+
+class Watched:
+    """A model and its partial pass in miniature: `features(x, sigma)` stands for the first block's tokens at the
+    latent x. The probe runs it on the latent at hand; last() gives it for the last call the model ran."""
+
+    def __init__(self, denoise, features):
+        self.denoise, self.features, self.seen, self.partial = denoise, features, None, 0
+
+    def model(self, x, sigma):
+        self.seen = (np.array(x, copy=True), sigma)
+        return self.denoise(x, sigma)
+
+    def __call__(self, x, sigma):
+        self.partial += 1
+        return self.features(x, sigma)
+
+    def last(self):
+        return self.features(*self.seen)
+
+
+def steady_features(x, sigma):  # on every damped line: the check finds nothing
+    return np.ones(32, np.float32)
+
+
+def breaking_features(x, sigma):  # a jump below sigma 0.5, which no line through earlier steps foresees
+    return np.full(32, 11.0 if sigma < 0.5 else 1.0, np.float32)
+
+
+def checked_run(denoise, features, options, callback=None):
+    watched, cache = Watched(denoise, features), make_cache("auto", 20, options)
+    cache.attach_probe(watched)
+    result = sample(SAMPLERS["euler"], watched.model, initial_noise(64, [3]), flow_sigmas(20), cache, callback)
+    return result, cache, watched
+
+
+def test_probe_miss_is_the_distance_from_the_damped_line():
+    a, b = np.array([1.0, 2.0, 0.0]), np.array([0.0, 3.0, 1.0])
+    at, bt = a + 0.6 * b, a + 0.8 * b  # features on a line in sigma, at the last two computed sigmas 0.6 and 0.8
+    found = a + 0.3 * b
+    damped = at + 0.5 * (0.3 - 0.6) / (0.6 - 0.8) * (at - bt)  # half the straight line's step past 0.6
+    assert probe_miss(found, 0.3, (0.6, at), (0.8, bt)) == pytest.approx(
+        np.linalg.norm(damped - found) / np.linalg.norm(found))
+    assert probe_miss(at, 0.6, (0.6, at), (0.8, bt)) == 0.0
+    assert probe_miss(np.full(3, np.nan), 0.3, (0.6, at), (0.8, bt)) == float("inf")
+
+
+def test_a_check_that_finds_nothing_keeps_the_plain_plan_bit_for_bit(denoise):
+    result, cache, watched = checked_run(denoise, steady_features, {"budget": 8, "check": True})
+    plain = run(denoise, 3, {"budget": 8})
+    assert np.array_equal(result.latent, plain.latent) and result.computed_steps == plain.computed_steps
+    assert cache.checked_steps == [] and 0 < watched.partial <= len(result.skipped_steps)
+
+
+def test_a_check_that_finds_a_break_computes_those_steps_within_the_same_cap(denoise):
+    """The plan moves: the first forecasts past the jump are computed, and the calls they take come off later
+    forecast runs, so the budget is still spent whole and never exceeded."""
+    result, cache, _ = checked_run(denoise, breaking_features, {"budget": 8, "check": True})
+    plain = run(denoise, 3, {"budget": 8})
+    sigmas = flow_sigmas(20)
+    first_late_forecast = next(s for s in plain.skipped_steps if sigmas[s - 1] < 0.5)
+    assert cache.checked_steps[0] == first_late_forecast
+    assert set(cache.checked_steps) <= set(result.computed_steps)
+    assert len(result.computed_steps) == 8 and result.computed_steps != plain.computed_steps
+
+
+def test_a_stopped_checked_run_restores_to_the_same_bits(denoise):
+    events = []
+    whole, _, _ = checked_run(denoise, breaking_features, {"budget": 8, "check": True}, events.append)
+    at = events[11]  # after step 12, past the break
+    state = at.cache_state
+    json.dumps({k: v for k, v in state.items() if not k.startswith(("anchor_", "probe_features"))}, allow_nan=False)
+    assert [len(a) for a in state["probe_features"]] == [32, 32]
+    cache, watched = make_cache("auto", 20, {"budget": 8, "check": True}), Watched(denoise, breaking_features)
+    cache.restore(state)
+    cache.attach_probe(watched)
+    resumed = sample(SAMPLERS["euler"], watched.model, at.x, flow_sigmas(20), cache, start=12,
+                     state=at.sampler_state)
+    assert np.array_equal(resumed.latent, whole.latent) and resumed.computed_steps == whole.computed_steps
+    for change in ({"probe_steps": [1, 2]}, {"probe_features": [np.ones(32, np.float32), np.ones(31, np.float32)]},
+                   {"probe_features": [np.full(32, np.nan, np.float32)] * 2}, {"checked": [4.5]}):
+        with pytest.raises(AnimaError, match="does not fit"):
+            make_cache("auto", 20, {"budget": 8, "check": True}).restore({**state, **change})
+
+
+def test_check_needs_a_budget_a_probe_and_a_yes_or_no(denoise):
+    with pytest.raises(AnimaError, match="cache option check needs a budget"):
+        make_cache("auto", 20, parse_cache_options("check=1"))
+    with pytest.raises(AnimaError, match="check='maybe' is not true or false"):
+        parse_cache_options("budget=8,check=maybe")
+    with pytest.raises(RuntimeError, match="needs a probe"):
+        sample(SAMPLERS["euler"], denoise, initial_noise(64, [3]), flow_sigmas(20),
+               make_cache("auto", 20, {"budget": 8, "check": True}))
+    assert not make_cache("auto", 20, {"budget": 8}).needs_probe
+    assert all(not make_cache(name, 20).needs_probe for name in ("none", "spectrum", "reuse"))
