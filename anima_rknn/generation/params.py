@@ -272,8 +272,11 @@ class GenerationParams:
             raise AnimaError("cache options must be a dict of option names to values")
         flow_sigmas(self.steps, self.shift, self.scheduler)  # a schedule that cannot make these steps, now
         self._validate_image_to_image()
-        for denoise_pass in self.passes():  # bad cache options fail now too
-            make_cache(denoise_pass.cache, self.model_calls(denoise_pass.sigmas), denoise_pass.cache_options)
+        sampler = SAMPLERS[self.sampler]
+        for denoise_pass in self.passes():  # bad cache options fail now too, and those the sampler rules out
+            cache = make_cache(denoise_pass.cache, self.model_calls(denoise_pass.sigmas), denoise_pass.cache_options)
+            cache.set_sigmas(np.array([*call_sigmas(sampler, denoise_pass.sigmas), denoise_pass.sigmas[-1]]),
+                             fresh_noise=sampler.adds_noise(self.eta_value, self.s_noise_value))
         if not isinstance(self.loras, list) or len(self.loras) > MAX_LORAS:
             raise AnimaError(f"loras must be a list of at most {MAX_LORAS} LoRA files with scales")
         for ref in self.loras:

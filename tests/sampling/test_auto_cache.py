@@ -443,3 +443,11 @@ def test_check_needs_a_budget_a_probe_and_a_yes_or_no(denoise):
                make_cache("auto", 20, {"budget": 8, "check": True}))
     assert not make_cache("auto", 20, {"budget": 8}).needs_probe
     assert all(not make_cache(name, 20).needs_probe for name in ("none", "spectrum", "reuse"))
+
+
+def test_check_stays_out_of_samplers_that_add_fresh_noise(denoise):
+    """Measured on er_sde (README): the check lowers those images, so it is refused there, before any model call
+    (GenerationParams.validate sets the sigmas of a cache it makes)."""
+    cache = make_cache("auto", 20, {"budget": 8, "check": True})
+    with pytest.raises(AnimaError, match="check does not apply to a sampler that adds fresh noise"):
+        cache.set_sigmas(flow_sigmas(20), fresh_noise=True)
