@@ -2,7 +2,8 @@
 
 Per pass: the monolithic model vs the split engine (torch backend, savings off: the host overhead of running
 3 bodies per block through the backend interface), low-precision torch bodies, and the ONNX Runtime backend.
-Per CFG step (cond + uncond at one sigma): the split engine with and without the AdaLN / K/V savings.
+Per CFG step (cond + uncond at one sigma): the split engine with and without the AdaLN / K/V savings. And what
+`auto`'s check costs: a partial pass (the first block alone) against a full pass on the same engine.
 All on the same number of threads. Prints a Markdown table.
 
     .venv/bin/python benchmarks/split_engine.py --preset mid --width 512 --height 512
@@ -97,6 +98,10 @@ def main() -> None:
                 cfg_step(SplitEngine(dit, TorchBackend(dit, cache_context_kv=False)), x, cond, uncond),
             "CFG step, + K/V once per prompt": cfg_step(make_engine(dit, **size), x, cond, uncond),
         }
+        checked = make_engine(dit, **size)  # as generate runs it: AdaLN and K/V once
+        full, partial = "full pass, split torch fp32 (as generate runs it)", "partial pass: first block alone (check)"
+        passes.update({full: functools.partial(checked.velocity, x, 0.5, cond),
+                       partial: functools.partial(checked.first_block, x, 0.5, cond)})
         with torch.inference_mode():
             clock = time.process_time if args.cpu_time else time.perf_counter
             timed = best_seconds({**passes, **steps}, args.repeats, clock)
@@ -113,6 +118,8 @@ def main() -> None:
         print(f"| {label} | {seconds:.3f} | {versus_pass} | {versus_step} |")
     overhead = timed["split, torch fp32"] / timed[monolithic] - 1
     print(f"\nhost overhead of the split (no savings): {overhead:+.1%} per pass")
+    print(f"auto's check: a partial pass costs {timed[partial] / timed[full]:.1%} of a full pass "
+          f"(1 / blocks = {1 / config.blocks:.1%})")
 
 
 if __name__ == "__main__":
