@@ -409,6 +409,8 @@ class AutoCache:
         sigma, distance = self._sigmas[step - 1], len(self._open) + 1
         features = self._probe(np.asarray(x, dtype=np.float32), sigma)
         (a, at), (b, bt) = self._probe_anchors[-2:][::-1]
+        if not at.size == bt.size == np.size(features):  # only a restored state can bring other sizes
+            raise AnimaError("the cache state's first-block tokens do not fit this model")
         return probe_miss(features, sigma, (self._sigmas[a - 1], at), (self._sigmas[b - 1], bt)) \
             / typical_probe_miss(sigma, distance)
 

@@ -427,6 +427,12 @@ def test_a_stopped_checked_run_restores_to_the_same_bits(denoise):
     resumed = sample(SAMPLERS["euler"], watched.model, at.x, flow_sigmas(20), cache, start=12,
                      state=at.sampler_state)
     assert np.array_equal(resumed.latent, whole.latent) and resumed.computed_steps == whole.computed_steps
+    wrong = make_cache("auto", 20, {"budget": 8, "check": True})  # tokens of another model: found at the next check
+    wrong.restore({**state, "probe_features": [np.ones(31, np.float32)] * 2})
+    watched = Watched(denoise, breaking_features)
+    wrong.attach_probe(watched)
+    with pytest.raises(AnimaError, match="first-block tokens do not fit this model"):
+        sample(SAMPLERS["euler"], watched.model, at.x, flow_sigmas(20), wrong, start=12, state=at.sampler_state)
     for change in ({"probe_steps": [1, 2]}, {"probe_features": [np.ones(32, np.float32), np.ones(31, np.float32)]},
                    {"probe_features": [np.full(32, np.nan, np.float32)] * 2}, {"checked": [4.5]}):
         with pytest.raises(AnimaError, match="does not fit"):
