@@ -81,15 +81,23 @@ FLAG_SIGMA, FLAG_SCORE = 0.8, 1.3
 TYPICAL_PROBE_MISS = (-2.58, -0.76, 0.85, 0.21)
 
 
+def damped_line(sigma: float, last: tuple[float, np.ndarray], before: tuple[float, np.ndarray]) -> np.ndarray:
+    """The value at `sigma` on the line in sigma through the last two computed steps' (sigma, value), taken DAMPING
+    of the way past the last one (two calls at one sigma give no slope: the last value, held)."""
+    (sigma_a, a), (sigma_b, b) = last, before
+    reach = DAMPING * (sigma - sigma_a) / (sigma_a - sigma_b) if sigma_a != sigma_b else 0.0
+    return a + reach * (a - b)
+
+
 def probe_miss(features: np.ndarray, sigma: float, last: tuple[float, np.ndarray],
                before: tuple[float, np.ndarray]) -> float:
-    """Relative L2 miss of a probe's features at `sigma` from the damped line (DAMPING, linear in sigma) through
-    the (sigma, features) of the last two computed steps; inf where not finite."""
+    """Relative L2 miss of a probe's features at `sigma` from the damped line through the (sigma, features) of the
+    last two computed steps; inf where not finite."""
     (sigma_a, at), (sigma_b, bt) = ((s, np.asarray(f, dtype=np.float64).ravel()) for s, f in (last, before))
     features = np.asarray(features, dtype=np.float64).ravel()
-    reach = DAMPING * (sigma - sigma_a) / (sigma_a - sigma_b) if sigma_a != sigma_b else 0.0
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        miss = float(np.linalg.norm(at + reach * (at - bt) - features) / np.linalg.norm(features))
+        miss = float(np.linalg.norm(damped_line(sigma, (sigma_a, at), (sigma_b, bt)) - features)
+                     / np.linalg.norm(features))
     return miss if math.isfinite(miss) else math.inf
 
 
@@ -390,11 +398,11 @@ class AutoCache:
         (a, x0_a, eps_a), (b, x0_b, eps_b) = ((s, x0.astype(np.float64), e.astype(np.float64))
                                               for s, x0, e in self._anchors[-2:][::-1])
         sigma, sigma_a, sigma_b = self._sigmas[step - 1], self._sigmas[a - 1], self._sigmas[b - 1]
-        reach = DAMPING * (sigma - sigma_a) / (sigma_a - sigma_b) if sigma_a != sigma_b else 0.0
-        from_x0 = x0_a + reach * (x0_a - x0_b)
+        from_x0 = damped_line(sigma, (sigma_a, x0_a), (sigma_b, x0_b))
         if sigma >= 1.0:
             return from_x0
-        from_eps = (x.astype(np.float64) - sigma * (eps_a + reach * (eps_a - eps_b))) / (1.0 - sigma)
+        from_eps = (x.astype(np.float64) - sigma * damped_line(sigma, (sigma_a, eps_a), (sigma_b, eps_b))) \
+            / (1.0 - sigma)
         return sigma**2 * from_x0 + (1.0 - sigma**2) * from_eps
 
     @staticmethod
