@@ -57,9 +57,9 @@ class Refusing(AutoCache):
         super().__init__(num_steps, budget=budget - reserve, check=True)
         self.kept, self.ratio, self.refused = reserve, ratio, 0
 
-    def _plan_forecasts(self, step: int, left: int, scale: float = 1.0) -> bool:
+    def _forecasts(self, plan: tuple[float, float, float], scale: float = 1.0) -> bool:
         if scale == 1.0:  # the plan itself (a ratio of exactly 1 changes nothing either way)
-            return super()._plan_forecasts(step, left)
+            return super()._forecasts(plan)
         refuse = scale > self.ratio and self.refused < self.kept
         self.refused += refuse
         self.budget += refuse

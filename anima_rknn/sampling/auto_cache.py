@@ -208,9 +208,10 @@ class AutoCache:
         if step <= self.warmup or len(self._anchors) < 2 or self._errors[-1] is None:
             return False  # warm-up, or the last forecast could not be measured: compute
         if left is not None:
-            if not self._plan_forecasts(step, left):
+            plan = self._plan(step, left)
+            if not self._forecasts(plan):
                 return False
-            if self.check and not self._plan_forecasts(step, left, self._probe_ratio(step, x)):
+            if self.check and not self._forecasts(plan, self._probe_ratio(step, x)):
                 self._checked.append(step)
                 return False
             return True
@@ -450,9 +451,9 @@ class AutoCache:
         growth = distances[None, :] ** (PLAN_GROWTH[0] + PLAN_GROWTH[1] * sigma[:, None])
         return ((sigma - sigma_next) / sigma * gain)[:, None] * growth
 
-    def _plan_forecasts(self, step: int, left: int, scale: float = 1.0) -> bool:
-        """Whether the cheapest placement of `left` calls over steps step..num_steps forecasts `step`, its charge
-        scaled by `scale` (check's ratio)."""
+    def _plan(self, step: int, left: int) -> tuple[float, float, float]:
+        """The cheapest placement of `left` calls over steps step..num_steps, as what decides `step`: its charge if
+        forecast, the least charge of the steps after it then, and their least charge with `step` computed."""
         n, distance, charges = self.num_steps, len(self._open) + 1, self._plan_charges()
         # rest[d - 1, c]: the least charge of the steps after the one at hand when the next is at distance d from
         # a computed step with c calls left (distance n + 1 never occurs: its row stays infinite).
@@ -462,4 +463,9 @@ class AutoCache:
             forecast = charges[k - 1][:, None] + rest[1:]
             compute = np.hstack([no_call, np.broadcast_to(rest[0, :-1], (n, left))])
             rest[:n] = np.minimum(forecast, compute)
-        return bool(scale * charges[step - 1, distance - 1] + rest[distance, left] <= rest[0, left - 1])
+        return float(charges[step - 1, distance - 1]), float(rest[distance, left]), float(rest[0, left - 1])
+
+    def _forecasts(self, plan: tuple[float, float, float], scale: float = 1.0) -> bool:
+        """Whether the plan forecasts its step, that step's charge scaled by `scale` (check's ratio)."""
+        charge, after_forecast, after_computing = plan
+        return bool(scale * charge + after_forecast <= after_computing)
