@@ -1,11 +1,11 @@
 """The `auto` cache on the trained demo model: PSNR vs mean transformer passes against the fixed schedules.
 
-For every prompt the uncached image is the reference; each policy and setting runs from the same noise and the
-same encoded prompt. Prints a Markdown table (per setting: passes mean / max and check's partial passes, PSNR
-mean / median / worst, SSIM, adherence, error estimate vs true PSNR as a Spearman rank correlation, the cache's
-"may differ" flag against the images under 30 dB, verify's re-runs), draws PSNR vs mean passes to --plot, and with --json writes the raw
-figures, per image too (PSNR, the cache's estimate, flag and measured errors). An image identical to its uncached
-one (verify's re-runs) counts at IDENTICAL_DB.
+For every prompt the uncached image is the reference; each policy and setting runs from the same noise and the same
+encoded prompt. Prints a Markdown table (per setting: passes mean / max and check's partial passes, PSNR mean /
+median / worst, SSIM, adherence, error estimate vs true PSNR as a Spearman rank correlation, the cache's "may
+differ" flag against the images under 30 dB, verify's re-runs), draws PSNR vs mean passes to --plot, and with
+--json writes the raw figures, per image too (PSNR, the cache's estimate, flag and measured errors). An image
+identical to its uncached one (verify's re-runs) counts at IDENTICAL_DB.
 
     python benchmarks/auto_cache.py [--sets readme] [--only LABELS] [--plot docs/auto_cache.png]
 
