@@ -189,3 +189,20 @@ def test_check_moves_the_plan_where_the_partial_pass_sees_a_miss(pipeline):
         assert checked >= plain + 5 and checked >= 28, (held_out, i, plain, checked)
         denoised = images["checked"][1]
         assert denoised.transformer_passes == 20 and 8 <= denoised.partial_passes <= 14, (held_out, i)
+
+
+@pytest.mark.parametrize("tensor, message", [
+    (lambda tensors: tensors["cache.probe_features.1"].view(-1)[3:5].fill_(float("nan")), "does not fit"),
+    (lambda tensors: tensors.update({"cache.probe_features.0": tensors["cache.probe_features.0"][:7].clone()}),
+     "does not fit"),
+    (lambda tensors: tensors.pop("cache.probe_features.1"), "cache arrays do not match its record"),
+])
+def test_damaged_check_tokens_in_a_resume_file_are_refused_in_one_line(pipeline, tmp_path, tensor, message):
+    """The first block's tokens in the resume file: NaN, cut short or missing, each a one-line refusal."""
+    path = stopped_state(pipeline, CHECK_20, tmp_path / "x.state", 10)
+    tensors = dict(load_tensors(path, "state", dtypes=("F32",)))
+    tensor(tensors)
+    save_tensors(tensors, path, {STATE_KEY: read_metadata(path, "state", dtypes=("F32",))[STATE_KEY]})
+    with pytest.raises(AnimaError, match=message) as refused:
+        read_state(path)
+    assert "\n" not in str(refused.value)
