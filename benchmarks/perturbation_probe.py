@@ -11,6 +11,11 @@ uncached run (euler, 20 steps, CFG 4):
   Its growth is the final relative distance over --size.
 - **budget=10**: the image's PSNR under `auto budget=10`, for the nudge as a flag (growth above --flag-growth: "this
   cached image may differ visibly") against the images below 30 dB. The nudge costs 20 - K steps.
+- **how early the fate shows**: the forecast's growth after n more steps (the distance after step K + n over the
+  distance after step K), ranked against its growth to the end and against the budget=10 PSNR. It reads the uncached
+  twin exactly, at 2n passes: the reference any in-run estimate of the deviation can at best approximate. Beside it the
+  x0 response at step K + 1: the distance between the two runs' x0 there over their latents' distance after step
+  K, which a run could estimate with one extra pass if it knew the deviation's direction.
 
     OMP_NUM_THREADS=1 python benchmarks/perturbation_probe.py --sets tune --reference-dir REF [--step 6]
         [--size 0.005] [--flag-growth 1] [--json out.json]
@@ -35,6 +40,7 @@ from anima_rknn.generation.resume import ResumeState
 from anima_rknn.sampling.sample import StepEvent
 
 STEPS, CFG = 20, 4.0
+EARLY = (1, 3, 6, 10)  # steps after the forecast at which the twin's growth is ranked
 
 
 def smooth_noise(shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -72,6 +78,8 @@ def probe(pipeline: AnimaPipeline, reference: Reference, step: int, size: float)
         budget = dataclasses.replace(base, cache="auto", cache_options={"budget": 10})
         rows.append({"nudge": nudge, "forecast": relative_l2(final, forecast[-1].x) / after,
                      "deviation": [relative_l2(u.x, f.x) for u, f in zip(uncached, forecast)],
+                     "response": float(np.linalg.norm(forecast[step].x0 - uncached[step].x0)
+                                       / np.linalg.norm(forecast[step - 1].x - uncached[step - 1].x)),
                      "forecast_psnr": psnr(reference.images[i], np.asarray(pipeline.decode(forecast[-1].x)[0])),
                      "budget10_psnr": psnr(reference.images[i], run_one(pipeline, budget, conditioning)[1])})
     return rows
@@ -89,6 +97,15 @@ def markdown(name: str, rows: list[dict], step: int, size: float, flag_growth: f
              f"  flag nudge > {flag_growth:g}: {int(flagged.sum())} flagged, {int(low.sum())} below 30 dB at "
              f"budget=10, {caught} caught: recall {ratio(caught, int(low.sum()))}, precision "
              f"{ratio(caught, int(flagged.sum()))}"]
+    budget10, deviation = [r["budget10_psnr"] for r in rows], np.array([r["deviation"] for r in rows])
+    early = {n: deviation[:, step - 1 + n] / deviation[:, step - 1] for n in EARLY if step + n <= STEPS}
+    lines.append("  the twin's growth after n steps, Spearman vs growth to the end / vs budget=10 PSNR: " + ", ".join(
+        f"n={n} {spearman(list(g), list(forecast)):.2f} / {spearman(list(-g), budget10):.2f}"
+        for n, g in early.items()))
+    response = [r["response"] for r in rows]
+    lines.append(f"  x0 response at step {step + 1}: median {np.median(response):.2f}, Spearman vs growth "
+                 f"{spearman(response, list(forecast)):.2f} / -response vs budget=10 PSNR "
+                 f"{spearman([-v for v in response], budget10):.2f}")
     for i in sorted(set(fragile) | set(np.flatnonzero(low)) | set(np.flatnonzero(flagged))):
         r = rows[i]
         lines.append(f"  image {i}: forecast growth {r['forecast']:.2f} ({r['forecast_psnr']:.1f} dB), nudge growth "
