@@ -43,8 +43,8 @@ class Run:
     image: Image.Image | None  # None when the latent is not finite (never decoded)
     decode_s: float
     peak_rss_bytes: int | None
-    step_times: list[float]  # wall seconds per step
-    x0_history: list[np.ndarray]  # the x0 each step used
+    step_times: list[float]  # wall seconds per step (a step verify ran again: both times)
+    x0_history: list[np.ndarray]  # the x0 each step used (verify's re-run: the re-run's)
     # The steps (1-based) where a forecast stood in for a model call (the sample's skipped_steps number model calls,
     # which are the steps only for samplers that call the model once a step).
     forecast_steps: list[int] = field(default_factory=list)
@@ -145,9 +145,13 @@ def _run(pipeline: AnimaPipeline, conditioning: Conditioning, params: Generation
 
     with peak_rss() as peak:
         rendered = pipeline.render(conditioning, params, plan, on_step=listen)
-    return Run(rendered.denoised, rendered.image, rendered.decode_s, peak.bytes, [e.seconds for e in events],
-               [e.x0.copy() for e in events], [e.step for e in events if not e.computed], rendered.first_pass,
-               rendered.vae_encode_s)
+    # verify's re-run goes back over steps: each step's x0 and forecast flag are those of its last event (the run
+    # that made the image), its time that of all of them
+    last = {e.step: e for e in events}
+    seconds = {step: sum(e.seconds for e in events if e.step == step) for step in last}
+    return Run(rendered.denoised, rendered.image, rendered.decode_s, peak.bytes, list(seconds.values()),
+               [e.x0.copy() for e in last.values()], [step for step, e in last.items() if not e.computed],
+               rendered.first_pass, rendered.vae_encode_s)
 
 
 @dataclass(frozen=True)

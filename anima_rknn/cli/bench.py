@@ -145,12 +145,17 @@ def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, caches, s
                 bar.update(repeat * sides * steps)
 
         if ray is None:
+            runs_begun = 0
+
             def on_run(run_seed: int, side: str, index: int) -> None:
+                nonlocal runs_begun
+                runs_begun += 1
                 bar.set_description(f"seed {run_seed} {side} {index + 1}/{repeat}")
 
             def on_step(event: StepEvent) -> None:
                 bar.set_postfix_str("model" if event.computed else "forecast")
-                bar.update(1)
+                # the run's step number, not a count of events: verify's re-run goes back over steps already done
+                bar.update((runs_begun - 1) * steps + event.step - bar.n)
 
             LocalRunner(Worker(files, keep_models=True), out_dir, on_step=on_step).bench(jobs, sweep, publish, on_run)
         else:

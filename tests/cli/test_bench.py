@@ -1,9 +1,13 @@
 """`anima-rknn bench` as a user runs it: the output folder, strict JSON, the verdict's exit code, one-line errors."""
 
 import json
+import re
 
 import numpy as np
+import pytest
 from PIL import Image
+
+from anima_rknn.demo.evaluate import prompt_set
 
 SMALL = ("--width", "32", "--height", "32")
 
@@ -78,3 +82,21 @@ def test_a_sweep_over_an_init_image(run_cli, model_dir, tmp_path):
     for name in ("baseline_seed11.png", "spectrum_seed11.png"):
         with Image.open(out / name) as picture:
             assert picture.size == (32, 32) and "Denoising strength: 0.6" in picture.text["parameters"]
+
+
+def test_verify_going_back_over_steps_is_reported_as_the_run_that_made_the_image(run_cli, tmp_path):
+    """A held-out image whose `budget=10` run verify re-runs (h2's image 20 in benchmarks/auto_cache.py): the
+    cached run goes back over steps 4-20 uncached, 37 step events for its 20 steps. The report holds the re-run's
+    20 steps (the uncached image, so x0 equal at every step and nothing forecast) and counts the passes both runs
+    made in the ideal speedup (40 / 54); the bar follows the step number, never past its 2 runs x 20 steps."""
+    caption = prompt_set(48, 202)[20].caption
+    result = run_cli("bench", "-p", caption, "--seed", "32020", "--steps", "20", "--cfg", "4", "--cache", "auto",
+                     "--cache-option", "budget=10,verify=1", "--out", tmp_path / "bench", "--json")
+    assert result.code == 0, result.err
+    auto = json.loads(result.out)["seeds"][0]["cached"]["auto"]
+    assert auto["rerun_from"] == 3 and auto["transformer_passes"] == 2 * (10 + 17) and auto["forecast_steps"] == []
+    comparison = auto["vs_baseline"]
+    assert comparison["psnr_db"] == "inf" and comparison["x0_distance"] == [0.0] * 20
+    assert comparison["ideal_speedup"] == pytest.approx(40 / 54)
+    shown = [(int(n), int(total)) for n, total in re.findall(r"(\d+)/(\d+) \[", result.err)]
+    assert shown[-1] == (40, 40) and all(n <= total == 40 for n, total in shown)
