@@ -2,8 +2,8 @@
 import each other, and the one place that writes results and the one way front ends get their settings.
 
 Every .py file under anima_rknn/ is parsed with `ast` (the package is never imported). `python
-tests/test_import_graph.py` prints the layer of every module, the imports between layers and the README's
-layer diagram, so the README section "## How it is built" can be regenerated from here.
+tests/test_import_graph.py` prints the layer of every module, the imports between layers and the layer diagram,
+so docs/architecture.md's section "## Layers" and the README's "## How it is built" can be regenerated from here.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import networkx as nx  # a dependency of torch: installed wherever the package i
 import pytest
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "anima_rknn"
-README = PACKAGE_DIR.parent / "README.md"
+# Where the layer diagram is shown, each page with the section that holds it: both are checked.
+DIAGRAM_PAGES = {"docs/architecture.md": "## Layers", "README.md": "## How it is built"}
 
 # The layers, lowest first: the one statement of the order. Each name is a top-level module or subpackage of
 # anima_rknn. A module may import from the other members of its own layer and from any lower layer, never from a
@@ -52,7 +53,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cli",),
 ]
 
-# The word for a layer in the README's diagram, where it holds more than one name (else the name itself).
+# The word for a layer in the diagram, where it holds more than one name (else the name itself).
 LAYER_LABELS = {0: "foundation", 3: "components", 8: "tools", 9: "services"}
 
 # The package's entry points: above every layer (no layered module may import them), their own imports not
@@ -278,7 +279,7 @@ def placement_violations(graph: Graph, layers: list[tuple[str, ...]] = LAYERS) -
     for top, display in tops.items():
         if top not in index:
             problems.append(f"{display}: {graph.package}.{top} is in no layer: place it in LAYERS "
-                            f"(tests/test_import_graph.py) and in the README's diagram")
+                            f"(tests/test_import_graph.py) and in the diagram (docs/architecture.md, README.md)")
     return problems
 
 
@@ -396,7 +397,7 @@ def _by_place(message: str) -> tuple[str, int]:
     return path, int(line)
 
 
-# ---------------------------------------------------------------------------------------------------- the README
+# ------------------------------------------------------------------------------------------- the diagram's pages
 
 DIAGRAM_HEADER = "layers (lowest first):"
 DATA_FLOW = ("front end (cli, server, batch, bench) -> generation (params -> pipeline -> result) -> "
@@ -405,16 +406,18 @@ _LAYER_LINE = re.compile(r"^\s*(\d+)\s+(\S+)\s+(\S.*?)\s*$")
 
 
 def diagram(layers: list[tuple[str, ...]] = LAYERS) -> str:
-    """The README's fenced block: one line per layer, then the data flow."""
+    """The pages' fenced block: one line per layer, then the data flow."""
     rows = [f"{i:>3} {layer_label(i, layers):<12} {', '.join(names)}" for i, names in enumerate(layers)]
     return "\n".join(["```", DIAGRAM_HEADER, *rows, "", DATA_FLOW, "```"])
 
 
-def readme_diagram_violations(text: str, layers: list[tuple[str, ...]] = LAYERS) -> list[str]:
+def diagram_violations(text: str, layers: list[tuple[str, ...]] = LAYERS, page: str = "docs/architecture.md",
+                       section: str = "## Layers") -> list[str]:
+    """How the diagram in `section` of a page (its text) differs from `layers`, each as 'page:line: ...'."""
     lines = text.splitlines()
-    start = next((n for n, line in enumerate(lines) if line.strip() == "## How it is built"), None)
+    start = next((n for n, line in enumerate(lines) if line.strip() == section), None)
     if start is None:
-        return ["README.md: no section '## How it is built'"]
+        return [f"{page}: no section {section!r}"]
     end = next((n for n in range(start + 1, len(lines)) if lines[n].startswith("## ")), len(lines))
     fence = None
     for n in range(start + 1, end):
@@ -422,30 +425,37 @@ def readme_diagram_violations(text: str, layers: list[tuple[str, ...]] = LAYERS)
             fence = n
             break
     if fence is None:
-        return [f"README.md:{start + 1}: the section '## How it is built' has no fenced block starting with the "
+        return [f"{page}:{start + 1}: the section {section!r} has no fenced block starting with the "
                 f"line {DIAGRAM_HEADER!r} (python tests/test_import_graph.py prints it)"]
-    found: list[tuple[int, tuple[str, ...], int]] = []  # layer number, names, README line
+    found: list[tuple[int, tuple[str, ...], int]] = []  # layer number, names, line of the page
     problems = []
     for n in range(fence + 2, end):
         if not lines[n].strip() or lines[n].startswith("```"):
             break
         match = _LAYER_LINE.match(lines[n])
         if match is None:
-            problems.append(f"README.md:{n + 1}: not a layer line ('<number> <label> <name>, <name>'): {lines[n]!r}")
+            problems.append(f"{page}:{n + 1}: not a layer line ('<number> <label> <name>, <name>'): {lines[n]!r}")
             continue
         names = tuple(name.strip() for name in match.group(3).split(","))
         found.append((int(match.group(1)), names, n + 1))
     expected = list(enumerate(layers))
     for k in range(max(len(found), len(expected))):
         if k >= len(found):
-            problems.append(f"README.md:{fence + 1}: the diagram lacks layer {k} ({', '.join(expected[k][1])})")
+            problems.append(f"{page}:{fence + 1}: the diagram lacks layer {k} ({', '.join(expected[k][1])})")
         elif k >= len(expected):
-            problems.append(f"README.md:{found[k][2]}: the diagram has a layer {found[k][0]} "
+            problems.append(f"{page}:{found[k][2]}: the diagram has a layer {found[k][0]} "
                             f"({', '.join(found[k][1])}) that LAYERS does not")
         elif found[k][:2] != expected[k]:
-            problems.append(f"README.md:{found[k][2]}: the diagram's layer {found[k][0]} ({', '.join(found[k][1])}) "
+            problems.append(f"{page}:{found[k][2]}: the diagram's layer {found[k][0]} ({', '.join(found[k][1])}) "
                             f"is not LAYERS' layer {k} ({', '.join(expected[k][1])})")
     return problems
+
+
+def pages_diagram_violations() -> list[str]:
+    """The diagram on every page that shows it (DIAGRAM_PAGES)."""
+    return [problem for page, section in DIAGRAM_PAGES.items()
+            for problem in diagram_violations((PACKAGE_DIR.parent / page).read_text(encoding="utf-8"),
+                                              page=page, section=section)]
 
 
 # ---------------------------------------------------------------------------------------------------- the tests
@@ -496,8 +506,8 @@ def test_no_front_end_builds_settings():
     _fail(settings_violations(package_graph()), "front ends constructing settings")
 
 
-def test_readme_diagram_is_the_layers():
-    _fail(readme_diagram_violations(README.read_text(encoding="utf-8")), "README diagram differences")
+def test_diagram_is_the_layers():
+    _fail(pages_diagram_violations(), "layer diagram differences (docs/architecture.md, README.md)")
 
 
 # The checker itself, on small packages written to tmp_path (named anima_rknn, so the same rules apply).
@@ -565,7 +575,7 @@ def test_checker_finds_an_upward_import_and_an_unplaced_module(tmp_path):
         "anima_rknn, the package's entry point, above every layer"]
     assert placement_violations(graph) == [
         "anima_rknn/stray/: anima_rknn.stray is in no layer: place it in LAYERS (tests/test_import_graph.py) "
-        "and in the README's diagram"]
+        "and in the diagram (docs/architecture.md, README.md)"]
     assert cycle_violations(graph) == []
 
 
@@ -623,18 +633,25 @@ def test_checker_finds_front_ends_importing_front_ends_and_hand_made_results(tmp
         "anima_rknn/batch/worker.py:3", "anima_rknn/server/a1111.py:2"]
 
 
-def test_checker_reads_the_readme_diagram():
+def test_checker_reads_the_diagram():
     block = diagram()
-    good = f"# x\n\n## How it is built\n\nsome words\n\n{block}\n\n## Next\n"
-    assert readme_diagram_violations(good) == []
+    good = f"# x\n\n## Layers\n\nsome words\n\n{block}\n\n## Next\n"
+    assert diagram_violations(good) == []
     swapped = good.replace("text, vae, model", "text, model, vae").replace("  7 jobs", "  7 queue")
-    assert readme_diagram_violations(swapped) == [
-        "README.md:12: the diagram's layer 3 (text, model, vae) is not LAYERS' layer 3 (text, vae, model)"]
+    assert diagram_violations(swapped) == [
+        "docs/architecture.md:12: the diagram's layer 3 (text, model, vae) is not LAYERS' layer 3 (text, vae, model)"]
     short = good.replace(" 10 cli          cli\n", "")
-    assert readme_diagram_violations(short) == ["README.md:7: the diagram lacks layer 10 (cli)"]
-    assert readme_diagram_violations("## How it is built\n\n```\nanima_rknn/\n```\n") == [
-        "README.md:1: the section '## How it is built' has no fenced block starting with the line "
+    assert diagram_violations(short) == ["docs/architecture.md:7: the diagram lacks layer 10 (cli)"]
+    assert diagram_violations("## Layers\n\n```\nanima_rknn/\n```\n") == [
+        "docs/architecture.md:1: the section '## Layers' has no fenced block starting with the line "
         "'layers (lowest first):' (python tests/test_import_graph.py prints it)"]
+    readme = good.replace("## Layers", "## How it is built")
+    assert diagram_violations(readme) == ["docs/architecture.md: no section '## Layers'"]
+    assert diagram_violations(readme, page="README.md", section="## How it is built") == []
+    assert diagram_violations(short.replace("## Layers", "## How it is built"), page="README.md",
+                              section="## How it is built") == ["README.md:7: the diagram lacks layer 10 (cli)"]
+    # Every page that shows the diagram is read, so a stale copy in either fails.
+    assert set(DIAGRAM_PAGES) == {"docs/architecture.md", "README.md"}
 
 
 # ---------------------------------------------------------------------------------------------------- for a human
@@ -669,12 +686,12 @@ def main() -> None:
         upward = a[0] < len(LAYERS) and (b[0] == len(LAYERS) or a[0] < b[0] < len(LAYERS))  # entry point: above all
         print(f"  {'*' if upward else ' '} {a[1]:<15} -> {b[1]:<15} {n:>4}")
 
-    print("\nthe README's diagram (section '## How it is built'):\n")
+    print("\nthe layer diagram (docs/architecture.md '## Layers', README.md '## How it is built'):\n")
     print(diagram())
 
     problems = (graph.unparsable + placement_violations(graph) + unresolved_imports(graph) + cycle_violations(graph)
                 + layer_violations(graph) + front_end_violations(graph) + publish_violations(graph)
-                + settings_violations(graph) + readme_diagram_violations(README.read_text(encoding="utf-8")))
+                + settings_violations(graph) + pages_diagram_violations())
     print(f"\n{len(problems)} violations" + (": pytest tests/test_import_graph.py lists them" if problems else ""))
 
 

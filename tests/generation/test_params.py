@@ -1,9 +1,9 @@
 """The settings table: one entry per setting, from which the CLI, the HTTP APIs, batch's JSONL keys, bench and the
-README's table are all derived; the build rules every front end shares; the one --seeds grammar."""
+table in docs/settings.md are all derived (tests/docs/test_settings_page.py checks that one); the build rules every
+front end shares; the one --seeds grammar."""
 
 import dataclasses
 import re
-from pathlib import Path
 
 import click
 import pytest
@@ -26,12 +26,8 @@ from anima_rknn.generation.params import (
     default,
     options,
     parse_seeds,
-    settings_markdown,
     settings_of,
 )
-
-README = Path(__file__).resolve().parents[2] / "README.md"
-
 
 def _flags(command: click.Command) -> set[str]:
     return {flag for param in command.params for flag in (*param.opts, *param.secondary_opts)}
@@ -155,8 +151,3 @@ def test_bad_seeds(text, message):
         parse_seeds(text)
     with pytest.raises(AnimaError, match="more than 64"):
         parse_seeds("1-65", most=64)  # bench's bound on one report
-
-
-def test_the_readme_table_is_the_tables():
-    assert settings_markdown() in README.read_text(), \
-        "README's table of settings is stale: paste anima_rknn.generation.params.settings_markdown()"
