@@ -6,10 +6,15 @@ from __future__ import annotations
 import re
 import shlex
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import unquote
 
 import click
+
+from anima_rknn.errors import AnimaError
+from anima_rknn.generation.params import options as setting_options
+from anima_rknn.sampling.caches import CACHE_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -145,10 +150,27 @@ def _loose(words: list[str]) -> list[str]:
     return [w[:-1] if w.endswith("]") and "[" not in w else w for w in words]
 
 
+def _known_cache(name: str) -> str:
+    if name not in CACHE_NAMES:
+        raise AnimaError(f"unknown cache {name!r}; choose one of {', '.join(CACHE_NAMES)}")
+    return name
+
+
+def _spelling_checks() -> dict[str, Callable[[str], object]]:
+    """The choices click takes as plain text (a setting with other spellings, such as A1111's sampler names, is
+    parsed when the settings are built), by click parameter name: each raises AnimaError on a bad value."""
+    checks: dict[str, Callable[[str], object]] = {name: opt.parse for name, opt in setting_options()
+                                                  if opt.parse is not None}
+    checks["samplers"] = lambda text: [checks["sampler"](one) for one in text.split(",")]  # bench's comma lists
+    checks["caches"] = lambda text: [_known_cache(one) for one in text.split(",")]
+    return checks
+
+
 def command_problems(group: click.Group, words: list[str]) -> list[str]:
     """What is wrong with `anima-rknn WORDS` for the real CLI, parsed by click without running: an unknown
-    command, an option the command lacks, a missing option value, a stray argument, a value outside a Choice.
-    Values are not converted otherwise, so placeholders (DIR, FILE, N) pass."""
+    command, an option the command lacks, a missing option value, a stray argument, a value outside a Choice (or
+    outside the spellings a setting parses itself: sampler, scheduler, bench's comma lists). Values are not
+    converted otherwise, so placeholders (DIR, FILE, N) pass."""
     words = _loose(words)
     if not words:
         return ["no command"]
@@ -167,13 +189,19 @@ def command_problems(group: click.Group, words: list[str]) -> list[str]:
     arguments = [p for p in command.params if isinstance(p, click.Argument)]
     if extra and not any(p.nargs == -1 for p in arguments):
         problems.append(f"{words[0]}: unexpected argument(s) {extra}")
+    spellings = _spelling_checks()
     for param in command.params:
         value = values.get(param.name)
-        if value is None or not isinstance(param.type, click.Choice):
+        if value is None or not (isinstance(param.type, click.Choice) or param.name in spellings):
             continue
         for one in value if isinstance(value, (list, tuple)) else [value]:
             try:
-                param.type.convert(one, param, context)
+                if isinstance(param.type, click.Choice):
+                    param.type.convert(one, param, context)
+                else:
+                    spellings[param.name](one)
             except click.BadParameter as e:
                 problems.append(f"{words[0]}: {e.format_message()}")
+            except AnimaError as e:
+                problems.append(f"{words[0]}: {param.opts[0]}: {e}")
     return problems

@@ -35,6 +35,8 @@ def test_what_the_extraction_finds():
     "verify-rknn --model DIR --subgraphs rknn-512 [--json] [--min-cosine 0.999]",
     "batch prompts.txt --seeds 1-8 --steps 30 --out sweep/",
     "generate --vae-tiling --no-vae-tiling --lora a.safetensors:0.8 --lora b.safetensors -o out.png",
+    "generate --sampler \"DPM++ 2M SDE\" --scheduler karras --hires --hires-upscaler lanczos",
+    "bench --cache spectrum,spectrum-plus,auto --sampler euler,er_sde,\"Euler a\" --out bench/",
     "--version"])
 def test_good_lines_pass(line):
     assert command_problems(cli, shlex.split(line)) == []
@@ -46,6 +48,10 @@ def test_good_lines_pass(line):
     ("serve --vae-tile-size 512", "serve: No such option '--vae-tile-size'"),
     ("generate --cache spectrumm", "generate: Invalid value for '--cache': 'spectrumm' is not one of"),
     ("serve --dtype fp8", "serve: Invalid value for '--dtype': 'fp8' is not one of"),
+    ("generate --sampler er-sdee", "generate: --sampler: unknown sampler"),
+    ("generate --scheduler karas", "generate: --scheduler: "),
+    ("bench --cache spectrum,spectrun --out b/", "bench: --cache: unknown cache 'spectrun'"),
+    ("bench --sampler euler,eulr --out b/", "bench: --sampler: unknown sampler"),
     ("generate --steps", "generate: Option '--steps' requires an argument."),
     ("generate stray.png", "generate: unexpected argument(s) ['stray.png']")])
 def test_the_checker_fails_on_a_bad_line(line, problem):
