@@ -14,3 +14,21 @@ def queue(tiny_set, tmp_path_factory):
     jobs.start()
     yield jobs
     jobs.close()
+
+
+@pytest.fixture(scope="session")
+def second_set(tmp_path_factory):
+    """Another tiny model set (other weights), its DiT named anima-second and recording that it was trained at
+    64x64, as the demo model's does: the second model of a server that serves two."""
+    from safetensors.torch import load_file
+
+    from anima_rknn.core.tensorfile import read_metadata, save_tensors
+    from anima_rknn.demo.tiny_set import write_model_set
+    from anima_rknn.model.io import IMAGE_SIZE_KEY
+    from anima_rknn.model.model_set import resolve
+
+    files = write_model_set(tmp_path_factory.mktemp("models") / "second", "tiny", seed=1)
+    renamed = files.dit.with_name("anima-second.safetensors")
+    save_tensors(load_file(files.dit), renamed, read_metadata(files.dit, "DiT") | {IMAGE_SIZE_KEY: "64"})
+    files.dit.unlink()
+    return resolve(files.dit.parents[2])
