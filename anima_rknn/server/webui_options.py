@@ -70,7 +70,8 @@ REFUSED: dict[str, str] = {
     "sd_hypernetwork": "hypernetworks are not supported by this server (LoRAs are: /sdapi/v1/loras)",
     "initial_noise_multiplier": "an initial noise multiplier is not supported by this server; leave it at 1",
 }
-_SAME_AS_DEFAULT = {"sd_vae": ("Automatic", "None")}  # refused keys' other spellings of the default
+# Refused keys' other spellings of the default ("": SillyTavern's VAE when none is chosen from an empty /sd-vae)
+_SAME_AS_DEFAULT = {"sd_vae": ("Automatic", "None", "")}
 
 
 def _json(value: Any) -> str:

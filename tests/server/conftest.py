@@ -32,3 +32,16 @@ def second_set(tmp_path_factory):
     save_tensors(load_file(files.dit), renamed, read_metadata(files.dit, "DiT") | {IMAGE_SIZE_KEY: "64"})
     files.dit.unlink()
     return resolve(files.dit.parents[2])
+
+
+@pytest.fixture(scope="module")
+def two(tiny_set, second_set, tmp_path_factory):
+    """A running server of two models, anima-tiny-random (the first, the default) and anima-second."""
+    from test_server import running
+
+    jobs = JobQueue(AnimaPipeline(tiny_set), tmp_path_factory.mktemp("two") / "data", max_queue=8,
+                    models={"anima-tiny-random": tiny_set, "anima-second": second_set})
+    jobs.start()
+    with running(jobs) as url:
+        yield url, jobs
+    jobs.close()

@@ -10,25 +10,12 @@ import logging
 
 import pytest
 from PIL import Image
-from test_server import SMALL, call, running
-
-from anima_rknn.generation.pipeline import AnimaPipeline
-from anima_rknn.server.jobs import JobQueue
+from test_server import SMALL, call
 
 webuiapi = pytest.importorskip("webuiapi")
 openai = pytest.importorskip("openai")
 
-FIRST, SECOND = "anima-tiny-random", "anima-second"
-
-
-@pytest.fixture(scope="module")
-def two(tiny_set, second_set, tmp_path_factory):
-    queue = JobQueue(AnimaPipeline(tiny_set), tmp_path_factory.mktemp("two") / "data", max_queue=8,
-                     models={FIRST: tiny_set, SECOND: second_set})
-    queue.start()
-    with running(queue) as url:
-        yield url, queue
-    queue.close()
+FIRST, SECOND = "anima-tiny-random", "anima-second"  # conftest's `two` serves both
 
 
 def _model_of_png(b64: str) -> str:
