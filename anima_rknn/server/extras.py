@@ -82,7 +82,7 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
 
 def _upscaler(body: dict[str, Any]) -> Image.Resampling | None:
     name = body.get("upscaler_1", "None")
-    if name not in EXTRAS_UPSCALERS:
+    if not isinstance(name, str) or name not in EXTRAS_UPSCALERS:
         raise BadRequest(f"upscaler_1 {shown(name)}: this server's upscalers are {', '.join(EXTRAS_UPSCALERS)}")
     return EXTRAS_UPSCALERS[name]
 
