@@ -232,10 +232,11 @@ class Server:
                                  f"server's largest side is {self.max_side} px: inpaint the whole picture "
                                  "(inpaint_area whole) or send a smaller image")
 
-    def request_settings(self) -> list[dict[str, Any]]:
+    def request_settings(self, model: ServedModel | None = None) -> list[dict[str, Any]]:
         """The settings a request may give, as this server applies them: the table's entries (generation.params)
-        with this server's defaults and limits, for clients that build a form (the page)."""
-        defaults, limits = self.request_defaults(), self.limits()
+        with this server's defaults (on `model`, else the current one) and limits, for clients that build a form
+        (the page)."""
+        defaults, limits = self.request_defaults(model), self.limits()
         return [{"field": field, "setting": name, "kind": setting.kind, "help": setting.help,
                  "default": defaults.get(name, default(name, "request")), "low": setting.low,
                  "high": limits.get(name, setting.high), "choices": list(setting.choices)} | _kind_details(setting.kind)

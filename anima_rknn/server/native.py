@@ -75,9 +75,11 @@ def routes(server: Server) -> APIRouter:
         return server.job_status(job)
 
     @router.get("/api/settings")
-    async def settings():
+    async def settings(request: Request):
+        # ?model=NAME: the defaults a request on that served model gets (its size); none: the current model's.
+        model = server.model_for(request.query_params.get("model"), "model")
         return [entry | ({"labels": CHOICE_LABELS[entry["setting"]]} if entry["setting"] in CHOICE_LABELS else {})
-                for entry in server.request_settings()]
+                for entry in server.request_settings(model)]
 
     @router.get("/api/jobs")
     async def recent(request: Request):
