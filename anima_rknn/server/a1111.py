@@ -12,6 +12,9 @@ on every call whatever they ask for (webuiapi: the hires fields and denoising_st
 fields on every img2img), which are ignored where they do not apply, as WebUI ignores them. What WebUI would do
 that this server cannot is refused with a 400 saying so, never done differently: a latent resize mode, several
 init images, an upscaler model, another prompt or sampler for the hires pass.
+
+The model a request runs on is its override_settings' sd_model_checkpoint, else the current one, which POST
+/options switches (webui_options.py); docs/webui-compat.md lists every WebUI endpoint with what this server does.
 """
 
 from __future__ import annotations

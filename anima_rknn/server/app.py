@@ -1,13 +1,14 @@
 """The HTTP APIs over one JobQueue, one module of routes per API family:
 
-- a1111.py: AUTOMATIC1111's /sdapi/v1/* (txt2img, img2img, progress, interrupt, models, samplers, schedulers,
-  upscalers, options)
+- a1111.py: AUTOMATIC1111's /sdapi/v1/* (txt2img, img2img, progress, interrupt, skip, models, samplers, schedulers,
+  upscalers, options, png-info, extras, the listings), with webui_options.py (WebUI's option table) and extras.py
+  (png-info, the upscales)
 - openai.py: OpenAI's /v1/models, /v1/images/generations and /v1/images/edits
 - native.py: the native async jobs, /api/jobs* (and compare with baseline, compare.py)
 - page.py: the web page, GET /
 
-This module holds what they share: the `Server` (queue, model name, credentials, limits, LoRA folder, engine
-settings; a request's GenerationParams), and the app that puts the Host and Origin checks, credentials, body size
+This module holds what they share: the `Server` (queue, the served models (models.py) and the current one,
+credentials, limits, LoRA folder, engine settings; a request's GenerationParams), and the app that puts the Host and Origin checks, credentials, body size
 and error answers in front of every family. requests.py has the request helpers they all use; a family imports no
 other family.
 
