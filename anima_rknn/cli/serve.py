@@ -29,7 +29,7 @@ from ..generation.pipeline import AnimaPipeline
 from ..model.model_set import ModelFiles, resolve
 from ..sampling.caches import CACHE_NAMES
 from .group import cli
-from .options import lora_dir_option, model_options, setting_options, setting_values
+from .options import F, lora_dir_option, model_options, setting_options, setting_values
 
 BACKLOG = 2048  # uvicorn's own default
 MAX_SECRET_BYTES = 4096
@@ -94,7 +94,7 @@ def _secret(ctx: click.Context, name: str, value: str | None, path: str | None) 
     return value
 
 
-def several_models(f):
+def several_models(f: F) -> F:
     """model_options with --model repeatable: serve runs every model given (folders, hub ids or DiT files)."""
     f = model_options(f)
     for param in f.__click_params__:

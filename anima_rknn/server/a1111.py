@@ -434,7 +434,7 @@ def routes(server: Server) -> APIRouter:
         # cancelled (a call answers with the pictures that completed); the jobs queued after it run.
         if queue.current is not None:
             queue.cancel(queue.current)
-        return {}
+        return None  # WebUI answers null
 
     @router.get("/sdapi/v1/sd-models")
     async def sd_models():
@@ -442,11 +442,11 @@ def routes(server: Server) -> APIRouter:
 
     @router.post("/sdapi/v1/refresh-checkpoints")
     async def refresh_checkpoints():
-        return {}  # the models are serve's --model arguments, read at start: there is nothing to look for again
+        return None  # the models are serve's --model arguments, read at start: nothing to look for again
 
     @router.post("/sdapi/v1/refresh-loras")
     async def refresh_loras():
-        return {}  # /loras reads the --lora-dir folder on every call: it is always fresh
+        return None  # /loras reads the --lora-dir folder on every call: it is always fresh
 
     @router.get("/sdapi/v1/samplers")
     async def samplers():

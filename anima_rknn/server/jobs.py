@@ -236,7 +236,7 @@ class JobQueue:
                 job.done.set()
                 continue
             try:
-                self._check_limits(job.params)
+                self._check_limits(job.params, job.model)
                 job.params = self.with_inputs(job.params)
             except AnimaError as e:
                 default_state_path(self.image_path(job)).unlink(missing_ok=True)  # nothing can resume it
@@ -266,9 +266,9 @@ class JobQueue:
             raise _BadRow(f"its settings or record are not valid JSON ({type(e).__name__})") from None
         if not isinstance(settings, dict):
             raise _BadRow("its settings are not a JSON object")
-        model = settings.pop("model", None)
-        if model is not None and model not in self.models:
-            raise _BadRow(f"its model {shown(model)} is not one this server runs now")
+        model = settings.pop("model", None)  # a finished job keeps the name of a model no longer served
+        if model is not None and not isinstance(model, str):
+            raise _BadRow("its model is not a name")
         if not (record is None or isinstance(record, dict)) or (state == "completed" and record is None):
             raise _BadRow("its record is not a JSON object")
         unknown = sorted(set(settings) - set(SETTINGS) - {"loras"})
@@ -282,8 +282,11 @@ class JobQueue:
                           ) from None
         return Job(job_id, job_params, float(created), state, error=error, summary=record, model=model)
 
-    def _check_limits(self, params: GenerationParams) -> None:
-        """A job read back is held to this server's --max-side / --max-steps, as a request is."""
+    def _check_limits(self, params: GenerationParams, model: str | None = None) -> None:
+        """A job read back is held to this server's --max-side / --max-steps, as a request is, and must name a
+        model it serves."""
+        if model is not None and self.models and model not in self.models:
+            raise AnimaError(f"its model {shown(model)} is not one this server runs now (serve --model)")
         sides = [params.width, params.height, *(params.hires_size() if params.hires else ())]
         if self.max_side is not None and max(sides) > self.max_side:
             raise AnimaError(f"its picture ({max(sides)} px a side) is over this server's --max-side {self.max_side}")

@@ -58,6 +58,8 @@ class Models:
         self.all = models
         for index, model in enumerate(models):
             clash = next((other for other in models[:index] if other.names() & model.names()), None)
+            if clash is not None and clash.hash == model.hash:
+                raise AnimaError(f"{clash.files.dit} and {model.files.dit} hold the same weights: serve them once")
             if clash is not None:
                 raise AnimaError(f"two models are both named {clash.name} ({clash.files.dit} and {model.files.dit}): "
                                  "give each DiT file its own name")

@@ -165,4 +165,4 @@ def test_png_info(url):
 
 def test_skip_and_refresh(url):
     for path in ("skip", "refresh-checkpoints", "refresh-loras"):
-        assert call(f"{url}/sdapi/v1/{path}", {}) == (200, {})
+        assert call(f"{url}/sdapi/v1/{path}", {}) == (200, None)  # WebUI's null

@@ -171,3 +171,13 @@ def test_size_far_from_the_trained_one_is_warned(two, caplog):
     assert json.loads(answer["info"])["warnings"] == []
     code, answer = call(f"{url}/sdapi/v1/txt2img", {"prompt": "x", "steps": 1, "width": 16, "height": 16})
     assert json.loads(answer["info"])["warnings"] == []  # the first model records no trained size
+
+
+def test_models_with_one_name_or_the_same_weights_are_refused(tiny_set, second_set):
+    from anima_rknn.errors import AnimaError
+    from anima_rknn.server.models import Models, ServedModel
+
+    with pytest.raises(AnimaError, match="hold the same weights: serve them once"):
+        Models([ServedModel.of("a", tiny_set), ServedModel.of("b", tiny_set)])
+    with pytest.raises(AnimaError, match="two models are both named a"):
+        Models([ServedModel.of("a", tiny_set), ServedModel.of("a", second_set)])
