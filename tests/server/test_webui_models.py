@@ -181,3 +181,24 @@ def test_models_with_one_name_or_the_same_weights_are_refused(tiny_set, second_s
         Models([ServedModel.of("a", tiny_set), ServedModel.of("b", tiny_set)])
     with pytest.raises(AnimaError, match="two models are both named a"):
         Models([ServedModel.of("a", tiny_set), ServedModel.of("a", second_set)])
+
+
+def test_webuiapi_listings_and_extras(two):
+    """The real webuiapi's calls of the endpoints issue 44 added: each answers, the listings honestly empty."""
+    url, _ = two
+    api = webuiapi.WebUIApi(host="127.0.0.1", port=int(url.rsplit(":", 1)[1]))
+    api.util_wait_for_ready(check_interval=0.1)  # returns once progress and job_count are 0
+    for listing in (api.get_hypernetworks, api.get_face_restorers, api.get_realesrgan_models,
+                    api.get_prompt_styles, api.get_sd_vae):
+        assert listing() == []
+    assert api.get_embeddings() == {"loaded": {}, "skipped": {}} and api.get_cmd_flags() == {}
+    assert set(api.get_memory()) == {"ram", "cuda"}
+    assert api.util_get_model_names() == sorted(model["title"] for model in api.get_sd_models())  # its titles
+    assert [name.split(".")[0] for name in api.util_get_model_names()] == [SECOND, FIRST]
+    api.refresh_checkpoints()
+    api.skip()
+    picture = Image.new("RGB", (40, 24), (200, 30, 60))
+    result = api.extra_single_image(picture, upscaler_1="Lanczos", upscaling_resize=2)
+    assert result.image.size == (80, 48)
+    result = api.extra_batch_images([picture, picture], upscaler_1="Lanczos", upscaling_resize=1.5)
+    assert [image.size for image in result.images] == [(60, 36)] * 2
