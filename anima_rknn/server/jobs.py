@@ -358,15 +358,18 @@ class JobQueue:
         return self.submit_all([params], model)[0]
 
     def pipeline_for(self, model: str | None) -> AnimaPipeline:
-        """The pipeline of a served model: the one running now, or one that reads its files' headers only."""
+        """The pipeline of a served model: the one running now, or one that has read its files' headers only."""
         with self._lock:
-            if model is None or self.models.get(model) in (None, self.pipeline.files):
-                if model is not None and model not in self.models:
-                    raise AnimaError(f"model {shown(model)} is not one this server runs")
+            if model is not None and model not in self.models:
+                raise AnimaError(f"model {shown(model)} is not one this server runs")
+            if model is None or self.models[model] == self.pipeline.files:
                 return self.pipeline
-            if model not in self._idle:
-                self._idle[model] = AnimaPipeline(self.models[model], keep_dit=self.pipeline.keep_dit)
-            return self._idle[model]
+            idle, keep = self._idle.get(model), self.pipeline.keep_dit
+        if idle is None:  # made outside the lock: it reads the files' headers and the tokenizers
+            idle = AnimaPipeline(self.models[model], keep_dit=keep)
+            with self._lock:
+                idle = self._idle.setdefault(model, idle)
+        return idle
 
     def _switch_to(self, model: str | None) -> None:
         """The worker runs `model` from now on; the model it ran before is dropped whole (its kept DiT freed)."""
