@@ -430,10 +430,10 @@ def routes(server: Server) -> APIRouter:
 
     @router.post("/sdapi/v1/skip")
     async def skip():
-        # WebUI's skip ends the picture being made and goes on with the next of the call: here that picture is
-        # cancelled (a call answers with the pictures that completed); the jobs queued after it run.
-        if queue.current is not None:
-            queue.cancel(queue.current)
+        # WebUI's skip: the picture being made ends at its next step, as far as it got (kept, as /interrupt keeps
+        # it), and the call goes on with its next picture; the jobs queued after it run.
+        if (current := queue.current) is not None:
+            queue.interrupt(current)
         return None  # WebUI answers null
 
     @router.get("/sdapi/v1/sd-models")

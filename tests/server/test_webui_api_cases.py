@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+import threading
+import time
 
 import pytest
 from PIL import Image
@@ -166,3 +168,21 @@ def test_png_info(url):
 def test_skip_and_refresh(url):
     for path in ("skip", "refresh-checkpoints", "refresh-loras"):
         assert call(f"{url}/sdapi/v1/{path}", {}) == (200, None)  # WebUI's null
+
+
+def test_skip_ends_the_picture_being_made_and_the_call_goes_on(url):
+    """WebUI's skip: the running picture stops at its next step and is kept; the call's next picture is made."""
+    answers = []
+    thread = threading.Thread(target=lambda: answers.append(call(f"{url}/sdapi/v1/txt2img", TXT2IMG | {
+        "n_iter": 2, "steps": 30, "seed": 3})))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while call(f"{url}/sdapi/v1/progress")[1]["state"]["sampling_step"] < 1:
+        assert time.monotonic() < deadline, "the call did not start"
+        time.sleep(0.02)
+    assert call(f"{url}/sdapi/v1/skip", {}) == (200, None)
+    thread.join(120)
+    code, answer = answers[0]
+    assert code == 200 and len(answer["images"]) == 2
+    infotexts = json.loads(answer["info"])["infotexts"]
+    assert "Interrupted: step" in infotexts[0] and "Interrupted" not in infotexts[1]  # the second ran whole
