@@ -10,6 +10,9 @@ whose fully transparent pixels are repainted (OpenAI's convention; inpainting at
 given, the rest kept exactly), else img2img of the whole picture at the table's strength; `size` WIDTHxHEIGHT or
 auto (the image's size in multiples of 16, scaled down to the server's largest side). Other settings of the
 table come as form fields (the client's extra_body), numbers and booleans as their JSON text.
+
+`model` names one of the served models (/v1/models lists them); OpenAI's own model names, which its clients send by
+default, and no model at all mean the server's current one.
 """
 
 from __future__ import annotations
