@@ -183,9 +183,9 @@ def request_model(server: Server, body: dict[str, Any]) -> ServedModel:
         checked_option(CLIP_SKIP, body["clip_skip"], "clip_skip")
     model = server.model_for(overrides.get(MODEL), f"override_settings {MODEL}")
     second = body.get("hr_checkpoint_name")
-    if second not in (None, "") and not (isinstance(second, str) and second.casefold() in ("none", "use same checkpoint")):
-        if server.model_for(second, "hr_checkpoint_name") is not model:
-            raise BadRequest("hr_checkpoint_name: the hires pass here runs on the first pass's model; leave it empty")
+    same = second in (None, "") or (isinstance(second, str) and second.casefold() in ("none", "use same checkpoint"))
+    if not same and server.model_for(second, "hr_checkpoint_name") is not model:
+        raise BadRequest("hr_checkpoint_name: the hires pass here runs on the first pass's model; leave it empty")
     restore = body.get("override_settings_restore_afterwards")
     if restore is False and MODEL in overrides:
         server.models.current = model

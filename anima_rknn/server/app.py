@@ -8,9 +8,9 @@
 - page.py: the web page, GET /
 
 This module holds what they share: the `Server` (queue, the served models (models.py) and the current one,
-credentials, limits, LoRA folder, engine settings; a request's GenerationParams), and the app that puts the Host and Origin checks, credentials, body size
-and error answers in front of every family. requests.py has the request helpers they all use; a family imports no
-other family.
+credentials, limits, LoRA folder, engine settings; a request's GenerationParams), and the app that puts the Host
+and Origin checks, credentials, body size and error answers in front of every family. requests.py has the
+request helpers they all use; a family imports no other family.
 
 A server on a person's own machine is reachable from every web page they open, so before anything else:
 - the Host header must be one of this server's names (loopback, the bound address, `serve --allowed-hosts`):

@@ -87,9 +87,11 @@ def _upscaler(body: dict[str, Any]) -> Image.Resampling | None:
     return EXTRAS_UPSCALERS[name]
 
 
-def target_size(body: dict[str, Any], width: int, height: int) -> tuple[tuple[int, int], bool]:
+def target_size(body: dict[str, Any], width: int, height: int,
+                resizing: bool = True) -> tuple[tuple[int, int], bool]:
     """The size an extras request asks for (resize_mode 0: times upscaling_resize; 1: upscaling_resize_w x _h,
-    cropped to it when upscaling_crop, as WebUI), and whether to crop; refused past MAX_IMAGE_PIXELS."""
+    cropped to it when upscaling_crop, as WebUI), and whether to crop; when `resizing`, refused past
+    MAX_IMAGE_PIXELS."""
     mode = body.get("resize_mode", 0)
     if mode not in (0, 1) or isinstance(mode, bool):
         raise BadRequest(f"resize_mode must be 0 (scale by upscaling_resize) or 1 (to upscaling_resize_w x "
@@ -102,7 +104,7 @@ def target_size(body: dict[str, Any], width: int, height: int) -> tuple[tuple[in
         size = (int(_number(body, "upscaling_resize_w", 512, 1, 1 << 16)),
                 int(_number(body, "upscaling_resize_h", 512, 1, 1 << 16)))
         crop = body.get("upscaling_crop", True) is not False
-    if size[0] * size[1] > MAX_IMAGE_PIXELS:
+    if resizing and size[0] * size[1] > MAX_IMAGE_PIXELS:
         raise BadRequest(f"the upscaled picture would be {size[0]}x{size[1]}, over this server's bound of "
                          f"{MAX_IMAGE_PIXELS} pixels: ask for a smaller size")
     return size, crop
@@ -113,8 +115,8 @@ def upscale(body: dict[str, Any], value: Any, field: str = "image") -> bytes:
     _refuse_unsupported(body)
     resample = _upscaler(body)
     image = decode_image(field, value).open()
-    size, crop = target_size(body, image.width, image.height)
-    image = image.convert("RGBA" if "A" in image.getbands() else "RGB")
+    image = image.convert("RGBA" if "A" in image.getbands() or "transparency" in image.info else "RGB")
+    size, crop = target_size(body, image.width, image.height, resizing=resample is not None)  # None: no resize
     if resample is not None:
         if crop:  # cover the box, then cut its middle out, as WebUI's "crop to fit"
             ratio = max(size[0] / image.width, size[1] / image.height)
