@@ -1,15 +1,12 @@
 """`anima-rknn serve` given several models (--model more than once): folders, hub ids or DiT files, each named
-by its DiT, the first the default; one real server lists and switches them."""
+by its DiT, the first the default (test_serve_cli.py's real server serves two, lists and switches them)."""
 
 from __future__ import annotations
 
-import json
 import shutil
-import time
-import urllib.request
 
 import pytest
-from test_serve_cli import _free_port, _get, _refused, _serve
+from test_serve_cli import _free_port, _refused
 
 from anima_rknn.cli.serve import _served_models
 from anima_rknn.errors import AnimaError
@@ -47,26 +44,3 @@ def test_several_models_refused_in_one_line(run_cli, model_dir, other_dit, tmp_p
                      "--model", tmp_path / "missing")
     _refused(result, "model directory not found")
 
-
-def test_a_real_server_of_two_models(model_dir, tmp_path):
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    with open(tmp_path / "log.txt", "w") as log:
-        server = _serve("--port", port, "--data-dir", tmp_path / "data", "--model", DEMO_MODEL, "--model", model_dir,
-                        log=log)
-    try:
-        deadline = time.monotonic() + 120
-        while _get(f"{base}/sdapi/v1/sd-models", {}) != 200:
-            assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()
-            time.sleep(0.2)
-        models = json.loads(urllib.request.urlopen(f"{base}/sdapi/v1/sd-models", timeout=30).read())
-        assert [m["model_name"] for m in models] == ["anima-demo", "anima-tiny-random"]
-        request = urllib.request.Request(f"{base}/sdapi/v1/options", method="POST", data=json.dumps(
-            {"sd_model_checkpoint": "anima-tiny-random"}).encode(), headers={"Content-Type": "application/json"})
-        assert urllib.request.urlopen(request, timeout=30).status == 200
-        options = json.loads(urllib.request.urlopen(f"{base}/sdapi/v1/options", timeout=30).read())
-        assert options["sd_model_checkpoint"] == models[1]["title"]
-        assert "serving anima-demo.safetensors, anima-tiny-random.safetensors" in (tmp_path / "log.txt").read_text()
-    finally:
-        server.terminate()
-        server.wait(60)

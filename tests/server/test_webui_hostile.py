@@ -12,6 +12,7 @@ from test_server import PNG, b64, bomb_png, call, running
 from test_server_security import send
 
 from anima_rknn.generation.images import MAX_IMAGE_PIXELS
+from anima_rknn.server.requests import MAX_BODY_BYTES, MAX_IMAGE_BODY_BYTES
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +143,19 @@ def test_bad_model_names_elsewhere(url, queue):
     assert code == 400 and "model 'sd-xl': no such model" in _one_line(answer)
     assert call(f"{url}/v1/models/sd-xl")[0] == 404
     assert len(queue.recent(10_000)) == before
+
+
+@pytest.mark.parametrize("path, limit", [("/sdapi/v1/extra-single-image", MAX_IMAGE_BODY_BYTES),
+                                         ("/sdapi/v1/extra-batch-images", MAX_IMAGE_BODY_BYTES),
+                                         ("/sdapi/v1/png-info", MAX_IMAGE_BODY_BYTES),
+                                         ("/sdapi/v1/options", MAX_BODY_BYTES)])
+def test_bodies_past_their_route_limit_are_refused_unread(url, path, limit):
+    status, answer = send(url, "POST", path, b"{}", {"Content-Type": "application/json",
+                                                     "Content-Length": str(limit + 1)})
+    assert status == 413 and "request body over" in answer["error"]
+
+
+def test_a_large_body_without_an_image_is_refused(url):
+    """The picture routes take 48 MiB for pictures; options or text alone past 1 MiB is refused."""
+    code, answer = call(f"{url}/sdapi/v1/png-info", {"image": None, "pad": "x" * (MAX_BODY_BYTES + 10)})
+    assert code == 413 and "without an image in it" in answer["error"]
