@@ -9,8 +9,8 @@ back as written; they are kept in memory, for the server's life. What they do:
 - a few keys whose other values would change every picture in a way this server does not do (REFUSED below)
   are taken at their default only: storing another value and drawing as before would be a silent lie;
 - every other key is a preference of WebUI's own interface, files or memory: stored and returned, no effect.
-A key WebUI does not have, a value of another type, or a model this server does not serve is a 400 naming it,
-and nothing of the body is changed.
+A key not in the table (WebUI's extensions' keys, its rarer settings), a value of another type, or a model this
+server does not serve is a 400 naming it, and nothing of the body is changed.
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ def checked_option(key: Any, value: Any, where: str = "options") -> Any:
     """One option as stored: a key of WebUI's table, a value of its default's type, a refused key at its default
     only (a float default keeps a whole number as a float, as WebUI's json)."""
     if key not in WEBUI_OPTIONS:
-        raise BadRequest(f"{where}: unknown option {_json(key)}: WebUI has no such setting")
+        raise BadRequest(f"{where}: unknown option {_json(key)}: not one of the WebUI settings this server keeps "
+                         "(GET /sdapi/v1/options lists them)")
     default = WEBUI_OPTIONS[key]
     if not _same_type(value, default):
         kind = "text" if default is None or isinstance(default, str) else type(default).__name__
