@@ -26,11 +26,10 @@ from ..engine.vae_auto import choose_vae_backend
 from ..errors import AnimaError
 from ..generation.params import MAX_SIDE, MAX_STEPS, SERVER_SETTINGS, build, default
 from ..generation.pipeline import AnimaPipeline
-from ..model.io import trained_image_size
-from ..model.model_set import resolve
+from ..model.model_set import ModelFiles, resolve
 from ..sampling.caches import CACHE_NAMES
 from .group import cli
-from .options import lora_dir_option, model_options, setting_options, setting_values
+from .options import F, lora_dir_option, model_options, setting_options, setting_values
 
 BACKLOG = 2048  # uvicorn's own default
 MAX_SECRET_BYTES = 4096
@@ -95,6 +94,36 @@ def _secret(ctx: click.Context, name: str, value: str | None, path: str | None) 
     return value
 
 
+def several_models(f: F) -> F:
+    """model_options with --model repeatable: serve runs every model given (folders, hub ids or DiT files)."""
+    f = model_options(f)
+    for param in f.__click_params__:
+        if param.name == "model":
+            param.multiple = True
+            param.help += " Give it more than once to serve several models (folders or DiT .safetensors files)."
+    return f
+
+
+def _served_models(models: tuple[str, ...], dit: str | None, **parts: str | None) -> dict[str, ModelFiles]:
+    """The model sets to serve, by name (the DiT's stem). One --model (or none) is resolved as every command
+    resolves it; several are each a model folder (or hub id), or a DiT file whose other parts are the flags'
+    (--text-encoder, --vae, the tokenizers) or else the first folder's."""
+    if len(models) <= 1 and not (models and Path(models[0]).is_file()):
+        files = resolve(models[0] if models else None, dit=dit, **parts)
+        return {files.dit.stem: files}
+    if dit is not None:
+        raise AnimaError("with several models give each DiT as its own --model, not --dit")
+    base = next((model for model in models if not Path(model).is_file()), None)
+    served: dict[str, ModelFiles] = {}
+    for model in models:
+        files = resolve(base, dit=model, **parts) if Path(model).is_file() else resolve(model, **parts)
+        if files.dit.stem in served:
+            raise AnimaError(f"two --model DiTs are both named {files.dit.stem} ({served[files.dit.stem].dit} and "
+                             f"{files.dit}): give each its own file name, which is the name clients choose it by")
+        served[files.dit.stem] = files
+    return served
+
+
 def _allowed_hosts(text: str | None) -> tuple[str, ...]:
     names = tuple(name.strip() for name in (text or "").split(",") if name.strip())
     for name in names:
@@ -105,7 +134,7 @@ def _allowed_hosts(text: str | None) -> tuple[str, ...]:
 
 
 @cli.command("serve")
-@model_options
+@several_models
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(1, 65535), default=7860, show_default=True)
 @click.option("--data-dir", type=click.Path(file_okay=False), default="anima-server", show_default=True,
@@ -165,8 +194,9 @@ def serve(ctx, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host
     # before the job store opens it (and queues its jobs again).
     with _listen(host, port) as sock, held_folder(lambda: _data_dir(Path(data_dir)), busy=DATA_DIR_BUSY,
                                                   unguarded=lambda warning: click.echo(warning, err=True)):
-        files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
-                        t5_tokenizer=t5_tokenizer)
+        served = _served_models(model, dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
+                                t5_tokenizer=t5_tokenizer)
+        files = next(iter(served.values()))  # the first model: loaded first, the default of every request
         engine = setting_values(settings)  # the server's own settings (SERVER_SETTINGS), the same for every request
         engine["dtype"] = resolve_dtype(engine["dtype"])  # probed once here, not per request
         build(engine).validate()  # a bad server setting is refused now, not in every request
@@ -175,13 +205,15 @@ def serve(ctx, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host
             # Requests decode with --vae-backend auto, by default at the default tile: probe (and export its ONNX set)
             # now, not while the first request's HTTP call waits.
             tile = default("vae_tile")
-            choose_vae_backend(files.vae, tile, tile, tile, default("vae_overlap"), tiling=True, torch_tile=None)
+            for vae_file in dict.fromkeys(served_files.vae for served_files in served.values()):
+                choose_vae_backend(vae_file, tile, tile, tile, default("vae_overlap"), tiling=True, torch_tile=None)
         queue = JobQueue(AnimaPipeline(files, keep_dit=keep), Path(data_dir), max_queue=max_queue,
                          checkpoint_every=checkpoint_every, engine=engine, max_side=max_side, max_steps=max_steps,
-                         keep_jobs=keep_jobs)
+                         keep_jobs=keep_jobs, models=served)
+        # Each model's requests default to the size it records it was trained at (the demo model's 64), else 512.
         app = Server(queue, default_cache=cache, max_side=max_side, max_steps=max_steps, model_name=files.dit.stem,
-                     engine=engine, api_key=api_key, api_auth=api_auth, lora_dir=lora_dir,
-                     native_size=trained_image_size(files.dit), bind_host=host, allowed_hosts=hosts).app()
+                     engine=engine, api_key=api_key, api_auth=api_auth, lora_dir=lora_dir, bind_host=host,
+                     allowed_hosts=hosts).app()
         if not address.is_loopback and not (api_key or api_auth):
             click.echo(f"warning: listening on {host} without authentication: anyone who reaches it can use it",
                        err=True)
@@ -189,7 +221,8 @@ def serve(ctx, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host
             click.echo("note: requests that name this machine by a host name, not an address, are refused (DNS "
                        "rebinding): allow its names with --allowed-hosts", err=True)
         shown_host = f"[{host}]" if address.version == 6 else host
-        click.echo(f"anima-rknn serving {files.dit.name} on http://{shown_host}:{port}/ (data in {data_dir})", err=True)
+        names = ", ".join(served_files.dit.name for served_files in served.values())
+        click.echo(f"anima-rknn serving {names} on http://{shown_host}:{port}/ (data in {data_dir})", err=True)
         queue.start()
         try:
             uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])

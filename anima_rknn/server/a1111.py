@@ -12,6 +12,9 @@ on every call whatever they ask for (webuiapi: the hires fields and denoising_st
 fields on every img2img), which are ignored where they do not apply, as WebUI ignores them. What WebUI would do
 that this server cannot is refused with a 400 saying so, never done differently: a latent resize mode, several
 init images, an upscaler model, another prompt or sampler for the hires pass.
+
+The model a request runs on is its override_settings' sd_model_checkpoint, else the current one, which POST
+/options switches (webui_options.py); docs/webui-compat.md lists every WebUI endpoint with what this server does.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +36,7 @@ from ..checks import is_whole_number
 from ..core.tensorfile import read_metadata
 from ..errors import AnimaError
 from ..generation.images import INPAINT_AREAS, MASKED_CONTENT, RESIZE_MODES
-from ..generation.params import HIRES_UPSCALERS, REQUEST_FIELDS, GenerationParams, default
+from ..generation.params import HIRES_UPSCALERS, REQUEST_FIELDS, GenerationParams, default, option
 from ..sampling.samplers import SAMPLERS, call_sigmas, sampler_name
 from ..sampling.schedule import (
     A1111_SCHEDULES,
@@ -41,8 +45,11 @@ from ..sampling.schedule import (
     flow_sigmas,
     schedule_name,
 )
+from . import extras
 from .jobs import ImageGone, Job, StoreError
+from .models import ServedModel
 from .requests import BadRequest, _number, error_answer, json_body
+from .webui_options import CLIP_SKIP, MODEL, WEBUI_OPTIONS, Options, checked_option
 
 if TYPE_CHECKING:
     from .app import Server
@@ -51,18 +58,44 @@ if TYPE_CHECKING:
 _SCHEDULE_SUFFIXES = sorted({*SCHEDULES, *SCHEDULE_LABELS.values(), *A1111_SCHEDULES}, key=len, reverse=True)
 
 
+# WebUI's samplers this server has under another name: DDIM at eta 0 (WebUI's eta_ddim default) is, for a flow
+# model, the Euler step (x0 and the velocity re-scaled to the next sigma: sampling/samplers.py's euler).
+A1111_SAME_SAMPLERS = {"ddim": "euler"}
+# WebUI's samplers this server lacks, with why (SillyTavern and WebUI's tests ask for them by name).
+A1111_MISSING_SAMPLERS = {
+    "plms": "PLMS is a linear multistep method for the noise-prediction models of 2022, with no flow-model form "
+            "here; its nearest here is DPM++ 2M (dpmpp_2m), a multistep sampler too",
+    "unipc": "UniPC is not implemented on this server yet; DPM++ 2M (dpmpp_2m) is the nearest multistep sampler",
+}
+
+
+def _a1111_sampler(sampler: Any) -> str:
+    """Ours for a sampler name, WebUI's DDIM included; WebUI's PLMS and UniPC refused with the reason."""
+    key = sampler.strip().casefold() if isinstance(sampler, str) else None
+    try:
+        return sampler_name(sampler)
+    except AnimaError:
+        if key in A1111_SAME_SAMPLERS:
+            return A1111_SAME_SAMPLERS[key]
+        if key in A1111_MISSING_SAMPLERS:
+            raise BadRequest(f"sampler {sampler}: {A1111_MISSING_SAMPLERS[key]}") from None
+        raise
+
+
 def sampler_and_scheduler(sampler: Any, scheduler: Any) -> tuple[str, Any]:
     """A request's sampler_name and scheduler as ours: A1111's display names and ours are taken, and A1111's older
     names with a schedule after the sampler ("DPM++ 2M Karras", "DPM++ 2M SDE Exponential") mean that sampler and
     schedule, unless the request names a schedule itself ("automatic", webuiapi's default, names none)."""
     try:
-        return sampler_name(sampler), scheduler
+        return _a1111_sampler(sampler), scheduler
+    except BadRequest:
+        raise
     except AnimaError as unknown:
         if isinstance(sampler, str):
             for suffix in _SCHEDULE_SUFFIXES:
                 if sampler.casefold().endswith(" " + suffix.casefold()):
                     try:
-                        ours = sampler_name(sampler[: -len(suffix) - 1])
+                        ours = _a1111_sampler(sampler[: -len(suffix) - 1])
                     except AnimaError:
                         break
                     named = scheduler is not None and not (isinstance(scheduler, str) and
@@ -87,7 +120,14 @@ IMAGE_REQUEST_FIELDS = ("init_image", "mask", "outpaint")  # the table's own; A1
 UPSCALER_LABELS = {"None": "lanczos", "Lanczos": "lanczos"}
 LATENT_UPSCALE_MODES = ("Latent", "Latent (bicubic)", "Latent (nearest-exact)")
 # A1111's fields read here beside the settings table's (REQUEST_FIELDS) and the hires and mask fields.
-A1111_FIELDS = ("batch_size", "n_iter", "init_images", "sampler_index", "override_settings")
+A1111_FIELDS = ("batch_size", "n_iter", "init_images", "sampler_index", "override_settings",
+                "override_settings_restore_afterwards", "hr_checkpoint_name", "clip_skip")
+# WebUI's numeric fields besides the table's: its API (pydantic) reads a number sent as a JSON string ("seed":
+# "12345", SDAI's) as that number, and so does this server, in every numeric field.
+A1111_NUMBERS = ("batch_size", "n_iter", "subseed", "subseed_strength", "seed_resize_from_h", "seed_resize_from_w",
+                 "mask_blur_x", "mask_blur_y", "s_churn", "s_tmin", "s_tmax", "image_cfg_scale",
+                 "initial_noise_multiplier", "clip_skip")
+_NUMBER_TEXT = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*")
 IGNORED_HEADER = "X-Ignored-Fields"  # the answer's list of the request's fields this server did not use
 
 
@@ -127,35 +167,44 @@ UNIMPLEMENTED: dict[str, tuple[Callable[[Any], bool], str]] = {
 # (subseed without subseed_strength, s_tmin / s_tmax without s_churn, script_args without a script), or to a kind
 # of model this server does not run (image_cfg_scale: instruct-pix2pix). Taken whatever they hold, and listed as
 # ignored, as is a field no WebUI has (a misspelt one shows up there).
-# What override_settings may hold: clip skip at WebUI's 1 (the last layer: the only text encoder output here) and
-# this server's own model; any other key is a UI preference that changes nothing here.
-CLIP_SKIP = "CLIP_stop_at_last_layers"
+def request_model(server: Server, body: dict[str, Any]) -> ServedModel:
+    """The model a request runs on: override_settings' sd_model_checkpoint, else the current one. Every WebUI
+    option it overrides is checked as /options checks it (clip skip 2 is refused, naming the field); a key WebUI
+    has not (an extension's) is listed as ignored. hr_checkpoint_name may only name the same model. With
+    override_settings_restore_afterwards false, the model stays the current one after the request, as in WebUI."""
+    overrides = body.get("override_settings")
+    if overrides is not None and not isinstance(overrides, dict):
+        raise BadRequest("override_settings must be an object")
+    overrides = overrides or {}
+    for key, value in overrides.items():
+        if key in WEBUI_OPTIONS:
+            checked_option(key, value, "override_settings")
+    if body.get("clip_skip") is not None:  # SD.Next's and some clients' own field for WebUI's clip skip
+        checked_option(CLIP_SKIP, body["clip_skip"], "clip_skip")
+    model = server.model_for(overrides.get(MODEL), f"override_settings {MODEL}")
+    second = body.get("hr_checkpoint_name")
+    same = second in (None, "") or (isinstance(second, str) and second.casefold() in ("none", "use same checkpoint"))
+    if not same and server.model_for(second, "hr_checkpoint_name") is not model:
+        raise BadRequest("hr_checkpoint_name: the hires pass here runs on the first pass's model; leave it empty")
+    restore = body.get("override_settings_restore_afterwards")
+    if restore is False and MODEL in overrides:
+        server.models.current = model
+    return model
 
 
-def unimplemented_fields(server: Server, body: dict[str, Any]) -> list[str]:
+def unimplemented_fields(body: dict[str, Any]) -> list[str]:
     """The request's fields this server does not implement that it holds at WebUI's no-effect value (the rule
     above UNIMPLEMENTED), in the body's order; one that asks for an effect is refused, naming it."""
     for field, (no_effect, what) in UNIMPLEMENTED.items():
         if body.get(field) is not None and not no_effect(body[field]):
             raise BadRequest(f"{field} {json.dumps(body[field])[:40]}: {what} is not supported by this server; "
                              f"leave {field} out (or at WebUI's default)")
-    overrides = body.get("override_settings")
-    if overrides is not None and not isinstance(overrides, dict):
-        raise BadRequest("override_settings must be an object")
-    overrides = overrides or {}
-    if overrides.get(CLIP_SKIP) not in (None, 1):
-        raise BadRequest(f"override_settings {CLIP_SKIP} {json.dumps(overrides[CLIP_SKIP])[:40]}: clip skip is "
-                         "not supported by this server (its text encoder has one output); leave it out or at 1")
-    for field in ("sd_model_checkpoint", "hr_checkpoint_name"):
-        asked = overrides.get(field) if field == "sd_model_checkpoint" else body.get(field)
-        if asked not in (None, "", server.model_name) and not (isinstance(asked, str) and asked.casefold() in (
-                "none", "use same checkpoint")):
-            raise BadRequest(f"{field} {json.dumps(asked)[:40]}: this server runs one model, {server.model_name}")
+    overrides = body.get("override_settings") or {}
     read = {*REQUEST_FIELDS, *A1111_FIELDS, *HIRES_FIELDS, *MASK_FIELDS}
     if body.get("sampler_name"):  # sampler_name wins, as in WebUI
         read.discard("sampler_index")
     ignored = [field for field, value in body.items() if value is not None and field not in read]
-    return ignored + [f"override_settings.{key}" for key in overrides if key != "sd_model_checkpoint"]
+    return ignored + [f"override_settings.{key}" for key in overrides if key != MODEL]
 
 
 def _choice(body: dict[str, Any], field: str, numbers: dict[int, str],
@@ -258,6 +307,28 @@ def _img2img(body: dict[str, Any], values: dict[str, Any]) -> None:
         values["inpaint_area"] = INPAINT_AREAS[int(_flag(given, "inpaint_full_res"))]
 
 
+def numbers_from_text(body: dict[str, Any]) -> dict[str, Any]:
+    """The body with every numeric field sent as a JSON string of a number read as that number (a whole number
+    as an int), as WebUI's API reads it; any other text is left for the field's check to refuse."""
+    numeric = {*A1111_NUMBERS, *(field for field, name in REQUEST_FIELDS.items()
+                                 if option(name).kind in ("int", "number"))}
+    found = {}
+    for field in numeric & body.keys():
+        value = body[field]
+        if isinstance(value, str) and _NUMBER_TEXT.fullmatch(value):
+            number = float(value)
+            found[field] = int(number) if number.is_integer() and abs(number) < 2**64 else number
+    return body | found
+
+
+def _zero_strength(body: dict[str, Any], values: dict[str, Any], steps_field: str) -> None:
+    """denoising_strength 0, which WebUI takes for img2img and the hires fix: WebUI then runs one step, from the
+    last sigma of the schedule (int(steps x 0) steps, plus its one); so does this server (1 / steps)."""
+    if body.get("denoising_strength") == 0:
+        steps = body.get(steps_field) or body.get("steps") or default("steps")
+        values["denoising_strength"] = 1 / steps if is_whole_number(steps) and steps >= 1 else 0
+
+
 def a1111_body(body: dict[str, Any], route: str = "txt2img") -> dict[str, Any]:
     """The request as the settings table reads it, for txt2img or img2img. sampler_name wins over the older
     sampler_index, as in WebUI. eta and s_noise are dropped for a sampler that has none, as WebUI ignores them
@@ -273,10 +344,13 @@ def a1111_body(body: dict[str, Any], route: str = "txt2img") -> dict[str, Any]:
             values.pop(name, None)
     if route == "img2img":
         _img2img(body, values)
+        _zero_strength(body, values, "steps")
     else:
         for field in IMAGE_REQUEST_FIELDS:  # txt2img has no image (img2img has its own route)
             values.pop(field, None)
         _hires(body, values)
+        if values.get("enable_hr"):
+            _zero_strength(body, values, "hr_second_pass_steps")
     return values
 
 
@@ -287,13 +361,14 @@ def routes(server: Server) -> APIRouter:
 
 
     async def generate(request: Request, route: str):
-        body = await json_body(request)
-        ignored = unimplemented_fields(server, body)
-        params = server.params(a1111_body(body, route))
+        body = numbers_from_text(await json_body(request))
+        ignored = unimplemented_fields(body)
+        model = request_model(server, body)
+        params = server.params(a1111_body(body, route), model)
         count = _images_asked(body)
         # Off the event loop: checking an upload decodes it (seconds for a large one), and /progress must answer.
         try:
-            jobs = await run_in_threadpool(server._submit_many, params, count)
+            jobs = await run_in_threadpool(server._submit_many, params, count, model)
         except StoreError as e:  # a full disk: nothing was queued
             return error_answer(request, str(e), e.status)
         answering.append(jobs)
@@ -313,7 +388,8 @@ def routes(server: Server) -> APIRouter:
             return error_answer(request, str(e), 410)
         if route == "img2img":  # as WebUI answers without include_init_images: the parameters without the images
             body = body | {"init_images": None, "mask": None}
-        info = _info(server, params, jobs, pngs) | {"ignored_fields": ignored}
+        warning = server.size_warning(params, model)
+        info = _info(model, params, jobs, pngs) | {"ignored_fields": ignored, "warnings": [warning] if warning else []}
         return JSONResponse({"images": [base64.b64encode(png).decode() for png in pngs], "parameters": body,
                              "info": json.dumps(info)}, headers={IGNORED_HEADER: ", ".join(ignored)})
 
@@ -352,9 +428,25 @@ def routes(server: Server) -> APIRouter:
                     queue.interrupt(job)
         return {}
 
+    @router.post("/sdapi/v1/skip")
+    async def skip():
+        # WebUI's skip: the picture being made ends at its next step, as far as it got (kept, as /interrupt keeps
+        # it), and the call goes on with its next picture; the jobs queued after it run.
+        if (current := queue.current) is not None:
+            queue.interrupt(current)
+        return None  # WebUI answers null
+
     @router.get("/sdapi/v1/sd-models")
     async def sd_models():
-        return [{"title": server.model_name, "model_name": server.model_name, "filename": server.model_name}]
+        return [model.sd_model() for model in server.models.all]
+
+    @router.post("/sdapi/v1/refresh-checkpoints")
+    async def refresh_checkpoints():
+        return None  # the models are serve's --model arguments, read at start: nothing to look for again
+
+    @router.post("/sdapi/v1/refresh-loras")
+    async def refresh_loras():
+        return None  # /loras reads the --lora-dir folder on every call: it is always fresh
 
     @router.get("/sdapi/v1/samplers")
     async def samplers():
@@ -387,9 +479,59 @@ def routes(server: Server) -> APIRouter:
     async def loras():
         return await run_in_threadpool(lora_list, server.lora_dir)  # reads each file's header: off the event loop
 
+    options = Options()
+
     @router.get("/sdapi/v1/options")
-    async def options():
-        return {"sd_model_checkpoint": server.model_name}
+    async def read_options():
+        return options.values | {MODEL: server.models.current.title}
+
+    @router.post("/sdapi/v1/options")
+    async def write_options(request: Request):
+        # All checked first (an unknown key, a wrong type, a model not served: a 400), then all stored.
+        changes = options.checked(await json_body(request))
+        model = server.model_for(changes.pop(MODEL, None), MODEL)
+        options.values.update(changes)
+        server.models.current = model
+        return None  # WebUI answers null
+
+    @router.get("/sdapi/v1/cmd-flags")
+    async def cmd_flags():
+        return {}  # WebUI's launch flags; this server's are serve's, and a client has no use for them
+
+    @router.get("/sdapi/v1/memory")
+    async def memory():
+        # WebUI's shape; this server does not measure its memory for clients: every figure is absent.
+        return {"ram": {"error": "not measured by this server"}, "cuda": {"error": "no CUDA device"}}
+
+    def empty() -> list[Any]:
+        return []
+
+    # What WebUI lists and this server has none of: hypernetworks, textual inversions, face restorers,
+    # Real-ESRGAN models, saved prompt styles, VAEs to swap in (each model runs its own), Forge's modules.
+    for path in ("hypernetworks", "face-restorers", "realesrgan-models", "prompt-styles", "sd-vae", "sd-modules"):
+        router.add_api_route(f"/sdapi/v1/{path}", empty, methods=["GET"])
+
+    @router.get("/sdapi/v1/embeddings")
+    async def embeddings():
+        return {"loaded": {}, "skipped": {}}  # WebUI's shape: no textual inversion is loaded here
+
+    @router.post("/sdapi/v1/png-info")
+    async def png_info(request: Request):
+        body = await json_body(request)
+        return await run_in_threadpool(extras.png_info, body.get("image"))  # decoding: off the event loop
+
+    @router.post("/sdapi/v1/extra-single-image")
+    async def extra_single_image(request: Request):
+        body = await json_body(request)
+        png = await run_in_threadpool(extras.upscale, body, body.get("image"))
+        return {"html_info": "", "image": base64.b64encode(png).decode()}
+
+    @router.post("/sdapi/v1/extra-batch-images")
+    async def extra_batch_images(request: Request):
+        body = await json_body(request)
+        pngs = [await run_in_threadpool(extras.upscale, body, image, f"imageList[{index}]")
+                for index, image in enumerate(extras.batch_images(body))]
+        return {"html_info": "", "images": [base64.b64encode(png).decode() for png in pngs]}
 
     return router
 
@@ -436,7 +578,7 @@ def _infotext(png: bytes) -> str:
     return text if isinstance(text, str) else ""
 
 
-def _info(server: Server, params: GenerationParams, jobs: list[Job], pngs: list[bytes]) -> dict[str, Any]:
+def _info(model: ServedModel, params: GenerationParams, jobs: list[Job], pngs: list[bytes]) -> dict[str, Any]:
     """The answer's `info`, in WebUI's keys (webuiapi reads it as the result's info)."""
     seeds = [job.params.seed for job in jobs]
     used = params.init_image is not None or params.hires
@@ -444,7 +586,8 @@ def _info(server: Server, params: GenerationParams, jobs: list[Job], pngs: list[
             "width": params.width, "height": params.height, "steps": params.steps, "cfg_scale": params.cfg,
             "sampler_name": SAMPLERS[params.sampler].label, "scheduler": params.scheduler,
             "denoising_strength": params.strength if used else None,
-            "infotexts": [_infotext(png) for png in pngs], "sd_model_name": server.model_name,
+            "infotexts": [_infotext(png) for png in pngs], "sd_model_name": model.name,
+            "sd_model_hash": model.hash[:10],
             "cache": params.cache,
             # ours: whether /interrupt ended the call (each picture's record says where: "interrupted")
             "interrupted": any((job.summary or {}).get("interrupted") for job in jobs)}

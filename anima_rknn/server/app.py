@@ -1,15 +1,16 @@
 """The HTTP APIs over one JobQueue, one module of routes per API family:
 
-- a1111.py: AUTOMATIC1111's /sdapi/v1/* (txt2img, img2img, progress, interrupt, models, samplers, schedulers,
-  upscalers, options)
+- a1111.py: AUTOMATIC1111's /sdapi/v1/* (txt2img, img2img, progress, interrupt, skip, models, samplers, schedulers,
+  upscalers, options, png-info, extras, the listings), with webui_options.py (WebUI's option table) and extras.py
+  (png-info, the upscales)
 - openai.py: OpenAI's /v1/models, /v1/images/generations and /v1/images/edits
 - native.py: the native async jobs, /api/jobs* (and compare with baseline, compare.py)
 - page.py: the web page, GET /
 
-This module holds what they share: the `Server` (queue, model name, credentials, limits, LoRA folder, engine
-settings; a request's GenerationParams), and the app that puts the Host and Origin checks, credentials, body size
-and error answers in front of every family. requests.py has the request helpers they all use; a family imports no
-other family.
+This module holds what they share: the `Server` (queue, the served models (models.py) and the current one,
+credentials, limits, LoRA folder, engine settings; a request's GenerationParams), and the app that puts the Host
+and Origin checks, credentials, body size and error answers in front of every family. requests.py has the
+request helpers they all use; a family imports no other family.
 
 A server on a person's own machine is reachable from every web page they open, so before anything else:
 - the Host header must be one of this server's names (loopback, the bound address, `serve --allowed-hosts`):
@@ -56,6 +57,7 @@ from ..model.lora import LoraRef, named_lora
 from . import a1111, native, openai, page
 from .compare import NotReady
 from .jobs import ImageGone, Job, JobBusy, JobQueue, QueueFull, StoreError
+from .models import Models, ServedModel
 from .requests import (
     MAX_IMAGE_BODY_BYTES,
     BadRequest,
@@ -71,6 +73,7 @@ from .requests import (
 
 PUBLIC_PATHS = ("/",)  # the page itself; everything it calls needs the credentials
 MAX_IMAGES = 8  # batch_size * n_iter, n
+FAR_FROM_TRAINED = 2  # a side over this many times (or under 1/this of) the size a model was trained at is warned of
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")  # what a Host header may always name
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")  # the methods that change nothing: any site's page may send them
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -138,16 +141,46 @@ class Server:
         if api_auth:
             self.credentials.append("Basic " + base64.b64encode(api_auth.encode()).decode())
         self.engine = dict(engine or {})  # SERVER_SETTINGS (backend, dtype, ...): the server's, never a request's
-        self.native_size = native_size or default("width")  # a request's default size: the model's, else 512
-        self.max_side, self.max_steps, self.model_name = max_side, max_steps, model_name
+        # The served models: the queue's (serve given several), else its one pipeline's, named model_name.
+        if not queue.models:
+            queue.models = {model_name: queue.pipeline.files}
+        self.models = Models([ServedModel.of(name, files) for name, files in queue.models.items()])
+        self.given_size = native_size  # a request's default size for every model; None: each model's own
+        self.max_side, self.max_steps = max_side, max_steps
         self.lora_dir = lora_dir  # requests pick LoRAs in it by name (<lora:NAME:SCALE> or "loras"), never by path
+
+    # ---- models -------------------------------------------------------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        """The model a request that names none runs on (WebUI's sd_model_checkpoint)."""
+        return self.models.current.name
+
+    def model_for(self, asked: Any, field: str) -> ServedModel:
+        """The model a request names in `field` (any of WebUI's names for it); none named: the current one."""
+        return self.models.current if asked in (None, "") else self.models.find(asked, field)
+
+    def native_size(self, model: ServedModel | None = None) -> int:
+        """A request's default size on `model`: the size it was trained at where it records one, else 512."""
+        return self.given_size or (model or self.models.current).trained_size or default("width")
+
+    def size_warning(self, params: GenerationParams, model: ServedModel) -> str | None:
+        """A warning for a picture far from the size `model` records it was trained at (every client's default is
+        512x512; the demo model's is 64): such a run draws a flat or broken field."""
+        trained = model.trained_size
+        sides = (params.width, params.height, *(params.hires_size() if params.hires else ()))
+        if trained is None or all(trained / FAR_FROM_TRAINED <= side <= trained * FAR_FROM_TRAINED for side in sides):
+            return None
+        return (f"{params.width}x{params.height} is far from the {trained}x{trained} px {model.name} was trained at: "
+                f"expect a flat or broken picture; ask for about {trained}x{trained}")
 
     # ---- requests -> params -------------------------------------------------------------------------------
 
-    def request_defaults(self) -> dict[str, Any]:
+    def request_defaults(self, model: ServedModel | None = None) -> dict[str, Any]:
         """What this server gives a request that leaves a setting out, where the table's request default is not
         it: the model's size and the server's cache (and the table's drawn seed)."""
-        return {"width": self.native_size, "height": self.native_size, "steps": default("steps"),
+        size = self.native_size(model)
+        return {"width": size, "height": size, "steps": default("steps"),
                 "seed": default("seed", "request"), "cache": self.default_cache}
 
     def limits(self) -> dict[str, int]:
@@ -156,13 +189,13 @@ class Server:
         return {"width": self.max_side, "height": self.max_side, "steps": self.max_steps,
                 "hires_width": self.max_side, "hires_height": self.max_side, "hires_steps": self.max_steps}
 
-    def params(self, body: dict[str, Any]) -> GenerationParams:
+    def params(self, body: dict[str, Any], model: ServedModel | None = None) -> GenerationParams:
         """A request's settings: its fields as the settings table names them (generation.params.REQUEST_FIELDS),
         over request_defaults(), with the server's own settings (SERVER_SETTINGS), which no request chooses.
         With an init image, a width or height not given is the image's (as build() makes it), then bounded as a
         given one; the hires size and an only-masked inpainting's output (the init image's size) are too."""
         given = request_values(body)
-        defaults = self.request_defaults()
+        defaults = self.request_defaults(model)
         if given.get("init_image") is not None:
             defaults = {key: value for key, value in defaults.items() if key not in ("width", "height")}
         values = defaults | given
@@ -171,7 +204,7 @@ class Server:
         if not 0 <= values.get("hires_steps", 0) <= self.max_steps:
             raise BadRequest(f"hr_second_pass_steps must be from 0 (as steps) to {self.max_steps}")
         values["loras"] = self._named_loras(values.get("loras") or [])
-        params = build(values | self.engine, native_size=self.native_size, lora_dir=self.lora_dir)
+        params = build(values | self.engine, native_size=self.native_size(model), lora_dir=self.lora_dir)
         if not all(isinstance(side, int) and 16 <= side <= self.max_side for side in (params.width, params.height)):
             size = (" (the init image's size, grown by the outpainting, unless given)"
                     if params.init_image is not None else "")
@@ -200,10 +233,11 @@ class Server:
                                  f"server's largest side is {self.max_side} px: inpaint the whole picture "
                                  "(inpaint_area whole) or send a smaller image")
 
-    def request_settings(self) -> list[dict[str, Any]]:
+    def request_settings(self, model: ServedModel | None = None) -> list[dict[str, Any]]:
         """The settings a request may give, as this server applies them: the table's entries (generation.params)
-        with this server's defaults and limits, for clients that build a form (the page)."""
-        defaults, limits = self.request_defaults(), self.limits()
+        with this server's defaults (on `model`, else the current one) and limits, for clients that build a form
+        (the page)."""
+        defaults, limits = self.request_defaults(model), self.limits()
         return [{"field": field, "setting": name, "kind": setting.kind, "help": setting.help,
                  "default": defaults.get(name, default(name, "request")), "low": setting.low,
                  "high": limits.get(name, setting.high), "choices": list(setting.choices)} | _kind_details(setting.kind)
@@ -217,12 +251,23 @@ class Server:
             raise BadRequest('loras must be a list of {"name": NAME, "scale": SCALE} objects')
         return [named_lora(item.get("name"), _number(item, "scale", 1.0), self.lora_dir) for item in value]
 
-    def _submit_many(self, params: GenerationParams, count: int) -> list[Job]:
-        """`count` jobs, consecutive seeds as WebUI does for a batch."""
+    def _submit_many(self, params: GenerationParams, count: int, model: ServedModel | None = None) -> list[Job]:
+        """`count` jobs on `model` (None: the current one), consecutive seeds as WebUI does for a batch; a size far
+        from the model's trained one is logged."""
         if not 1 <= count <= MAX_IMAGES:
             raise BadRequest(f"at most {MAX_IMAGES} images per request")
-        return self.queue.submit_all([dataclasses.replace(params, seed=(params.seed + i) % 2**64)
-                                      for i in range(count)])
+        model = model or self.models.current
+        jobs = self.queue.submit_all([dataclasses.replace(params, seed=(params.seed + i) % 2**64)
+                                      for i in range(count)], model.name)
+        if (warning := self.size_warning(params, model)) is not None:
+            log.warning("job %s: %s", jobs[0].id, warning)
+        return jobs
+
+    def job_status(self, job: Job) -> dict[str, Any]:
+        """A job's status as the native API answers it, with the warnings of its settings (the page shows them)."""
+        model = next((served for served in self.models.all if served.name == job.model), None)
+        warning = None if model is None else self.size_warning(job.params, model)
+        return job.status(self.queue.position(job)) | {"warnings": [warning] if warning else []}
 
     async def _wait(self, jobs: list[Job]) -> list[Job]:
         for job in jobs:

@@ -45,8 +45,8 @@ def twin_of(queue: JobQueue, job: Job) -> Job:
         raise NotReady(f"job {job.id} {job.state}: there is nothing to compare")
     settings = settings_of(wanted)
     reused = next((other for other in queue.recent() if other.state not in GIVEN_UP
-                   and settings_of(other.params) == settings), None)
-    return reused or queue.submit(wanted)
+                   and settings_of(other.params) == settings and other.model == job.model), None)
+    return reused or queue.submit(wanted, job.model)  # on the job's model
 
 
 def _check(job: Job, twin: Job) -> bool:

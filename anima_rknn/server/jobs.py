@@ -39,6 +39,7 @@ from ..generation.params import IMAGE_SETTINGS, SETTINGS, GenerationParams, sett
 from ..generation.pipeline import AnimaPipeline
 from ..generation.resume import Interrupted, default_state_path
 from ..jobs.runner import JobRunner, saved_state
+from ..model.model_set import ModelFiles
 from ..sampling.sample import StepEvent
 from ..vae.preview import projection_for
 
@@ -107,6 +108,7 @@ class Job:
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
     interrupt: threading.Event = dataclasses.field(default_factory=threading.Event)  # end with the picture so far
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    model: str | None = None  # the served model it runs on (JobQueue.models); None: the queue's first
 
     def __post_init__(self) -> None:
         if not self.total:
@@ -118,7 +120,7 @@ class Job:
                 "steps": self.total, "eta_s": self.eta_s, "error": self.error, "created": self.created,
                 "seed": self.params.seed, "params": settings_of(self.params) | {"loras": [
                     {"name": ref.name, "scale": ref.scale} for ref in self.params.loras]},  # not the server's paths
-                "result": self.summary}
+                "result": self.summary, "model": self.model}
 
 
 def total_steps(params: GenerationParams) -> int:
@@ -142,14 +144,20 @@ def image_inputs(params: GenerationParams) -> list[ImageInput]:
 
 class JobQueue:
     """`max_side` / `max_steps`: the server's bounds (serve --max-side, --max-steps), which jobs read back from the
-    store are held to as requests are; `keep_jobs`: how many jobs the store keeps (older finished ones go)."""
+    store are held to as requests are; `keep_jobs`: how many jobs the store keeps (older finished ones go).
+    `models`: the model sets a job may name (serve given several, by name; `pipeline` runs the first): one is
+    loaded at a time, the worker switching when the next job names another."""
 
     def __init__(self, pipeline: AnimaPipeline, data_dir: Path, *, max_queue: int = 16,
                  checkpoint_every: int | None = None, engine: dict[str, Any] | None = None,
-                 max_side: int | None = None, max_steps: int | None = None, keep_jobs: int = KEEP_JOBS) -> None:
+                 max_side: int | None = None, max_steps: int | None = None, keep_jobs: int = KEEP_JOBS,
+                 models: dict[str, ModelFiles] | None = None) -> None:
         self.pipeline, self.max_queue = pipeline, max_queue
         self.max_side, self.max_steps, self.keep_jobs = max_side, max_steps, keep_jobs
+        self.models = dict(models or {})
+        self._idle: dict[str, AnimaPipeline] = {}  # pipelines of models not running now: headers read, nothing loaded
         # A periodic checkpoint that cannot be written costs the resume, not the job.
+        self.checkpoint_every = checkpoint_every
         self.runner = JobRunner(pipeline, checkpoint_every=checkpoint_every, warn=lambda e: None)
         # How this server runs the model (subgraph set, NPU options, VAE backend): not part of a job's saved
         # settings, so a job found again after a restart takes them from here.
@@ -198,8 +206,8 @@ class JobQueue:
 
     def _save(self, *jobs: Job) -> None:
         """The jobs' rows, in one transaction: all are written or none (StoreError)."""
-        rows = [(job.id, job.created, job.state, json.dumps(settings_of(job.params)), json.dumps(job.summary),
-                 job.error) for job in jobs]
+        rows = [(job.id, job.created, job.state, json.dumps(settings_of(job.params) | (
+                 {"model": job.model} if job.model else {})), json.dumps(job.summary), job.error) for job in jobs]
         with self._lock:
             try:
                 self._db.executemany("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?)", rows)
@@ -228,7 +236,7 @@ class JobQueue:
                 job.done.set()
                 continue
             try:
-                self._check_limits(job.params)
+                self._check_limits(job.params, job.model)
                 job.params = self.with_inputs(job.params)
             except AnimaError as e:
                 default_state_path(self.image_path(job)).unlink(missing_ok=True)  # nothing can resume it
@@ -258,6 +266,9 @@ class JobQueue:
             raise _BadRow(f"its settings or record are not valid JSON ({type(e).__name__})") from None
         if not isinstance(settings, dict):
             raise _BadRow("its settings are not a JSON object")
+        model = settings.pop("model", None)  # a finished job keeps the name of a model no longer served
+        if model is not None and not isinstance(model, str):
+            raise _BadRow("its model is not a name")
         if not (record is None or isinstance(record, dict)) or (state == "completed" and record is None):
             raise _BadRow("its record is not a JSON object")
         unknown = sorted(set(settings) - set(SETTINGS) - {"loras"})
@@ -269,10 +280,13 @@ class JobQueue:
         except Exception as e:  # any setting's own check, or a value of the wrong type that trips one
             raise _BadRow(f"its settings are refused: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
                           ) from None
-        return Job(job_id, job_params, float(created), state, error=error, summary=record)
+        return Job(job_id, job_params, float(created), state, error=error, summary=record, model=model)
 
-    def _check_limits(self, params: GenerationParams) -> None:
-        """A job read back is held to this server's --max-side / --max-steps, as a request is."""
+    def _check_limits(self, params: GenerationParams, model: str | None = None) -> None:
+        """A job read back is held to this server's --max-side / --max-steps, as a request is, and must name a
+        model it serves."""
+        if model is not None and self.models and model not in self.models:
+            raise AnimaError(f"its model {shown(model)} is not one this server runs now (serve --model)")
         sides = [params.width, params.height, *(params.hires_size() if params.hires else ())]
         if self.max_side is not None and max(sides) > self.max_side:
             raise AnimaError(f"its picture ({max(sides)} px a side) is over this server's --max-side {self.max_side}")
@@ -340,17 +354,44 @@ class JobQueue:
         # takes; a process that left with the worker still inside torch would abort (SIGABRT) and lose the state.
         self._worker.join()
 
-    def submit(self, params: GenerationParams) -> Job:
-        return self.submit_all([params])[0]
+    def submit(self, params: GenerationParams, model: str | None = None) -> Job:
+        return self.submit_all([params], model)[0]
 
-    def submit_all(self, batch: list[GenerationParams]) -> list[Job]:
-        """Queue every job of a request, or none: a batch that does not fit is refused whole."""
+    def pipeline_for(self, model: str | None) -> AnimaPipeline:
+        """The pipeline of a served model: the one running now, or one that has read its files' headers only."""
+        with self._lock:
+            if model is not None and model not in self.models:
+                raise AnimaError(f"model {shown(model)} is not one this server runs")
+            if model is None or self.models[model] == self.pipeline.files:
+                return self.pipeline
+            idle, keep = self._idle.get(model), self.pipeline.keep_dit
+        if idle is None:  # made outside the lock: it reads the files' headers and the tokenizers
+            idle = AnimaPipeline(self.models[model], keep_dit=keep)
+            with self._lock:
+                idle = self._idle.setdefault(model, idle)
+        return idle
+
+    def _switch_to(self, model: str | None) -> None:
+        """The worker runs `model` from now on; the model it ran before is dropped whole (its kept DiT freed)."""
+        pipeline = self.pipeline_for(model)
+        if pipeline is not self.pipeline:
+            with self._lock:
+                self._idle.pop(model, None)
+                self.pipeline = pipeline
+            self.runner = JobRunner(pipeline, checkpoint_every=self.checkpoint_every, warn=lambda e: None)
+            self.projection = projection_for(pipeline.files.vae)
+
+    def submit_all(self, batch: list[GenerationParams], model: str | None = None) -> list[Job]:
+        """Queue every job of a request, or none: a batch that does not fit is refused whole. `model`: the
+        served model they run on (None: the queue's first)."""
+        model = model if model is not None or not self.models else next(iter(self.models))
+        pipeline = self.pipeline_for(model)
         checked: list[GenerationParams] = []  # a request's jobs differ in their seeds: its images are read once
         for params in batch:
             if (unseeded := dataclasses.replace(params, seed=0)) not in checked:
-                self.pipeline.prepare(params)  # every setting checked now: a bad request is a 400, not a failed job
+                pipeline.prepare(params)  # every setting checked now: a bad request is a 400, not a failed job
                 checked.append(unseeded)
-        jobs = [Job(secrets.token_hex(8), params, time.time()) for params in batch]
+        jobs = [Job(secrets.token_hex(8), params, time.time(), model=model) for params in batch]
         with self._lock:
             if len(self._waiting) + len(jobs) > self.max_queue:
                 raise QueueFull(f"the queue is full ({len(self._waiting)} of {self.max_queue} jobs waiting, "
@@ -505,6 +546,7 @@ class JobQueue:
                 job.state = "generating"
             try:
                 self._save(job)
+                self._switch_to(job.model)
                 self._run(job)
                 self._prune()
             except AnimaError as e:  # the worker outlives any job: this one ends failed, the next one runs

@@ -65,30 +65,34 @@ def routes(server: Server) -> APIRouter:
 
     @router.post("/api/jobs")
     async def submit(request: Request):
-        params = server.params(await json_body(request))
+        body = await json_body(request)
+        model = server.model_for(body.pop("model", None), "model")  # a served model's name; none: the current one
+        params = server.params(body, model)
         try:
-            job = await run_in_threadpool(queue.submit, params)  # off the event loop
+            job = (await run_in_threadpool(server._submit_many, params, 1, model))[0]  # off the event loop
         except StoreError as e:  # a full disk: nothing was queued
             return error_answer(request, str(e), e.status)
-        return job.status(queue.position(job))
+        return server.job_status(job)
 
     @router.get("/api/settings")
-    async def settings():
+    async def settings(request: Request):
+        # ?model=NAME: the defaults a request on that served model gets (its size); none: the current model's.
+        model = server.model_for(request.query_params.get("model"), "model")
         return [entry | ({"labels": CHOICE_LABELS[entry["setting"]]} if entry["setting"] in CHOICE_LABELS else {})
-                for entry in server.request_settings()]
+                for entry in server.request_settings(model)]
 
     @router.get("/api/jobs")
     async def recent(request: Request):
         # Paged, newest first; X-Total-Count is every job in the store, so a client can draw its page links.
         limit = _query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
         offset = _query_int(request, "offset", 0, 0, 1 << 62)
-        jobs = [job.status(queue.position(job)) for job in queue.recent(limit, offset)]
+        jobs = [server.job_status(job) for job in queue.recent(limit, offset)]
         return JSONResponse(jobs, headers={"X-Total-Count": str(queue.count())})
 
     @router.get("/api/jobs/{job_id}")
     async def status(job_id: str):
         job = job_or_404(queue, job_id)
-        return job.status(queue.position(job))
+        return server.job_status(job)
 
     @router.delete("/api/jobs/{job_id}")
     async def delete(request: Request, job_id: str):
@@ -105,7 +109,7 @@ def routes(server: Server) -> APIRouter:
     async def cancel(job_id: str):
         job = job_or_404(queue, job_id)
         queue.cancel(job)
-        return job.status(queue.position(job))
+        return server.job_status(job)
 
     @router.get("/api/jobs/{job_id}/image")
     async def image(request: Request, job_id: str):
@@ -131,7 +135,7 @@ def routes(server: Server) -> APIRouter:
         async def stream():
             last = None
             while True:
-                status = job.status(queue.position(job))
+                status = server.job_status(job)
                 snapshot = (status["state"], status["step"], status["queue_position"])
                 if snapshot != last:
                     last = snapshot
@@ -146,15 +150,15 @@ def routes(server: Server) -> APIRouter:
     @router.post("/api/jobs/{job_id}/compare")
     async def compare(job_id: str):
         twin = twin_of(queue, job_or_404(queue, job_id))
-        return twin.status(queue.position(twin))
+        return server.job_status(twin)
 
     # Plain def: FastAPI runs these in a worker thread, so SSIM of a large image never stalls other requests.
     @router.get("/api/jobs/{job_id}/compare/{twin_id}")
     def comparison(job_id: str, twin_id: str):
         job, twin = job_or_404(queue, job_id), job_or_404(queue, twin_id)
         measured = measure(queue, job, twin)
-        return {"ready": measured is not None, "job": job.status(queue.position(job)),
-                "twin": twin.status(queue.position(twin)), **(measured or {})}
+        return {"ready": measured is not None, "job": server.job_status(job),
+                "twin": server.job_status(twin), **(measured or {})}
 
     @router.get("/api/jobs/{job_id}/compare/{twin_id}/difference")
     def difference(job_id: str, twin_id: str):

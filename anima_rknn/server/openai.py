@@ -10,6 +10,9 @@ whose fully transparent pixels are repainted (OpenAI's convention; inpainting at
 given, the rest kept exactly), else img2img of the whole picture at the table's strength; `size` WIDTHxHEIGHT or
 auto (the image's size in multiples of 16, scaled down to the server's largest side). Other settings of the
 table come as form fields (the client's extra_body), numbers and booleans as their JSON text.
+
+`model` names one of the served models (/v1/models lists them); OpenAI's own model names, which its clients send by
+default, and no model at all mean the server's current one.
 """
 
 from __future__ import annotations
@@ -26,12 +29,15 @@ from ..checks import shown
 from ..errors import AnimaError
 from ..generation.images import MAX_IMAGE_BYTES, ImageInput, mask_from_alpha
 from ..generation.params import REQUEST_FIELDS, option
+from .models import ServedModel
 from .requests import BadRequest, _text, _whole, error_answer, form_body, json_body
 
 if TYPE_CHECKING:
     from .app import Server
 
 EDIT_MASK_STRENGTH = 1.0  # an edit with a mask repaints its transparent area from noise, as OpenAI's edits do
+# OpenAI's own model names, which its clients send by default: they mean this server's current model.
+OPENAI_MODEL_PREFIXES = ("dall-e", "gpt-image")
 _PARSED_KINDS = ("int", "number", "bool")  # a form field of these kinds is read as JSON text ("2", "0.5", "true")
 
 
@@ -118,35 +124,47 @@ def _edit_images(image_data: bytes, mask_data: bytes | None) -> tuple[ImageInput
 def routes(server: Server) -> APIRouter:
     router = APIRouter()
 
-    async def answer(request: Request, params, body: dict[str, Any]):
-        jobs = await server._wait(await run_in_threadpool(server._submit_many, params, _whole(body, "n", 1)))
+    async def answer(request: Request, params, body: dict[str, Any], model: ServedModel):
+        jobs = await server._wait(await run_in_threadpool(server._submit_many, params, _whole(body, "n", 1), model))
         failed = next((job for job in jobs if job.state != "completed"), None)
         if failed is not None:
             return error_answer(request, failed.error or f"job {failed.state}", 500)
         return {"created": int(jobs[0].created), "data": [{"b64_json": server._png_b64(job),
                                                           "revised_prompt": job.params.prompt} for job in jobs]}
 
-    model = {"id": server.model_name, "object": "model", "owned_by": "anima-rknn"}
+    def listed(model: ServedModel) -> dict[str, Any]:
+        return {"id": model.name, "object": "model", "owned_by": "anima-rknn"}
+
+    def asked_model(body: dict[str, Any]) -> ServedModel:
+        """The request's `model`: a served model's name; none, or OpenAI's own model names that clients send by
+        default (dall-e-2, gpt-image-1...), the current one."""
+        asked = body.get("model")
+        if isinstance(asked, str) and asked.startswith(OPENAI_MODEL_PREFIXES):
+            asked = None
+        return server.model_for(asked, "model")
 
     @router.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [model]}
+        return {"object": "list", "data": [listed(model) for model in server.models.all]}
 
     @router.get("/v1/models/{name}")
     async def one_model(request: Request, name: str):
-        if name != server.model_name:
-            return error_answer(request, f"no model {shown(name)}; this server has {server.model_name!r}", 404)
-        return model
+        found = next((model for model in server.models.all if model.name == name), None)
+        if found is None:
+            names = ", ".join(model.name for model in server.models.all)
+            return error_answer(request, f"no model {shown(name)}; this server has {names}", 404)
+        return listed(found)
 
     @router.post("/v1/images/generations")
     async def images(request: Request):
         body = await json_body(request)
         given = _text(body, "size", "auto")
-        width, height = (server.native_size,) * 2 if given == "auto" else _size(given)  # as generate
+        model = asked_model(body)
+        width, height = (server.native_size(model),) * 2 if given == "auto" else _size(given)  # as generate
         _check_format(body)
         for field in ("init_image", "mask", "outpaint"):  # an image is an edit's
             body.pop(field, None)
-        return await answer(request, server.params({**body, "width": width, "height": height}), body)
+        return await answer(request, server.params({**body, "width": width, "height": height}, model), body, model)
 
     @router.post("/v1/images/edits")
     async def edits(request: Request):
@@ -165,6 +183,7 @@ def routes(server: Server) -> APIRouter:
         values = {**body, "init_image": image, "mask": mask, "width": width, "height": height}
         if mask is not None:
             values.setdefault("denoising_strength", EDIT_MASK_STRENGTH)
-        return await answer(request, server.params(values), body)
+        model = asked_model(body)
+        return await answer(request, server.params(values, model), body, model)
 
     return router

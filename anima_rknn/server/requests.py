@@ -35,8 +35,11 @@ MAX_BODY_BYTES = 1 << 20  # a request without images
 # A request with images (base64 in JSON, or a multipart upload): an init image and a mask of up to ~36 MiB
 # together as base64, which is 4/3 of the bytes. (generation.images.MAX_IMAGE_BYTES bounds one decoded image.)
 MAX_IMAGE_BODY_BYTES = 48 << 20
-IMAGE_ROUTES = ("/sdapi/v1/img2img", "/v1/images/edits", "/api/jobs")  # POST; the native submit when it has images
-IMAGE_FIELDS = ("init_image", "mask", "init_images")  # the request fields that carry an image (A1111's too)
+# POST; the native submit when it has images; WebUI's picture tools (server/extras.py)
+IMAGE_ROUTES = ("/sdapi/v1/img2img", "/v1/images/edits", "/api/jobs", "/sdapi/v1/png-info",
+                "/sdapi/v1/extra-single-image", "/sdapi/v1/extra-batch-images")
+# The request fields that carry an image (A1111's too: its tools' image and imageList)
+IMAGE_FIELDS = ("init_image", "mask", "init_images", "image", "imageList")
 _DATA_URL = re.compile(r"data:image/[A-Za-z0-9.+-]+(;[^,;]*)*;base64,")
 _WHITESPACE = re.compile(rb"\s+")
 

@@ -23,6 +23,8 @@ import pytest
 from folder_locks import held
 from PIL import Image
 
+from anima_rknn.model.model_set import DEMO_MODEL
+
 openai = pytest.importorskip("openai")
 webuiapi = pytest.importorskip("webuiapi")
 
@@ -124,14 +126,15 @@ def _rss(pid: int) -> int:
         return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
 
 
-def test_a_real_server_takes_its_secrets_privately_and_holds_its_port_and_data_dir(run_cli, tmp_path):
+def test_a_real_server_takes_its_secrets_privately_and_holds_its_port_and_data_dir(run_cli, tmp_path, model_dir):
     key, user, password = "key-from-env-3f9", "ann", "pw-from-file-7c1"
     auth_file = _secret_file(tmp_path / "auth", f"{user}:{password}\n")
     port, data = _free_port(), tmp_path / "data"
     base = f"http://127.0.0.1:{port}"
     with open(tmp_path / "log.txt", "w") as log:
-        first = _serve("--port", port, "--data-dir", data, "--api-auth-file", auth_file,
-                       env={"ANIMA_API_KEY": key}, log=log)
+        # Two models (--model given twice): the demo model, the default, and the tiny one.
+        first = _serve("--port", port, "--data-dir", data, "--api-auth-file", auth_file, "--model", DEMO_MODEL,
+                       "--model", model_dir, env={"ANIMA_API_KEY": key}, log=log)
         try:
             deadline = time.monotonic() + 300
             # The port and the data dir are taken first, before the model loads.
@@ -161,7 +164,11 @@ def test_a_real_server_takes_its_secrets_privately_and_holds_its_port_and_data_d
             assert Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).size == (64, 64)
             api = webuiapi.WebUIApi(host="127.0.0.1", port=port)
             api.set_auth(user, password)
-            assert [model["model_name"] for model in api.get_sd_models()] == ["anima-demo"]
+            assert [model["model_name"] for model in api.get_sd_models()] == ["anima-demo", "anima-tiny-random"]
+            assert "serving anima-demo.safetensors, anima-tiny-random.safetensors" in (tmp_path / "log.txt").read_text()
+            api.util_set_model("anima-tiny-random")  # switched by POST /sdapi/v1/options, and back
+            assert api.util_get_current_model().startswith("anima-tiny-random.safetensors [")
+            api.util_set_model("anima-demo")
             # A chunked body past the limit leaves no memory behind (it used to keep what was read of it).
             before = _rss(first.pid)
             with socket.create_connection(("127.0.0.1", port), timeout=60) as s:

@@ -74,7 +74,7 @@ def test_webuiapis_defaults_are_taken_and_the_unused_fields_reported(server):
     ({"tiling": True}, "tiling true: seamless tiling"),
     ({"styles": ["my style"]}, "styles [\"my style\"]: saved prompt styles"),
     ({"override_settings": {"CLIP_stop_at_last_layers": 2}}, "CLIP_stop_at_last_layers 2: clip skip"),
-    ({"override_settings": {"sd_model_checkpoint": "other"}}, 'sd_model_checkpoint "other": this server runs one'),
+    ({"override_settings": {"sd_model_checkpoint": "other"}}, "sd_model_checkpoint 'other': no such model"),
     ({"script_name": "x/y/z plot"}, "script_name \"x/y/z plot\": scripts"),
     ({"alwayson_scripts": {"ControlNet": {"args": [{"enabled": True}]}}}, "alwayson_scripts"),
     ({"s_churn": 1.0}, "s_churn 1.0: churn"),
@@ -89,7 +89,8 @@ def test_a_field_asking_for_what_this_server_does_not_do_is_refused_naming_it(se
     ({"batch_size": -1}, "batch_size must be a whole number from 1, got -1"),
     ({"batch_size": 0}, "batch_size must be a whole number from 1, got 0"),
     ({"batch_size": 1.5}, "batch_size must be a whole number from 1, got 1.5"),
-    ({"n_iter": "2"}, 'n_iter must be a whole number from 1, got "2"'),
+    ({"n_iter": "2.5"}, "n_iter must be a whole number from 1, got 2.5"),  # "2" is 2, as in WebUI
+    ({"n_iter": "two"}, 'n_iter must be a whole number from 1, got "two"'),
     ({"batch_size": -2, "n_iter": -2}, "batch_size must be a whole number from 1, got -2"),  # product 4
     ({"batch_size": 3, "n_iter": 3}, "at most 8 images"),
     ({"batch_size": 10**12, "n_iter": 10**12}, "at most 8 images"),

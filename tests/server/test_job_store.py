@@ -351,3 +351,22 @@ def test_serve_refuses_a_damaged_store_in_one_line_and_keeps_it(tiny_set, tmp_pa
     assert exited.value.code == 1 and "\n" not in err and "Traceback" not in err, err
     assert f"{data / STORE} is not a job store this server can use (file is not a database)" in err
     assert (data / STORE).read_bytes() == b"not a database, but someone's file" * 100
+
+
+def test_a_jobs_model_is_stored_and_a_model_no_longer_served_fails_it(pipeline, tiny_set, tmp_path):
+    """A job keeps the served model it runs on across a restart; an unfinished one whose model the restarted
+    server no longer serves fails in one line, a finished one stays listed with its model's name."""
+    data = tmp_path / "data"
+    first = JobQueue(pipeline, data, models={"tiny": tiny_set, "gone": tiny_set})
+    kept, lost = first.submit(build({"prompt": "a", **SMALL, "seed": 1}), "tiny"), first.submit(
+        build({"prompt": "b", **SMALL, "seed": 2}), "gone")
+    first._db.close()
+    done = settings_of(build({"prompt": "c", **SMALL, "seed": 3})) | {"model": "gone"}
+    rows(data, ("00000000000000b1", time.time(), "cancelled", json.dumps(done), None, None),
+         ("00000000000000b2", time.time(), "queued", json.dumps(done | {"model": 7}), None, None))
+    again = JobQueue(pipeline, data, models={"tiny": tiny_set})
+    assert again.get(kept.id).state == "queued" and again.get(kept.id).model == "tiny"
+    assert again.get(lost.id).state == "failed"
+    assert again.get(lost.id).error == "its model 'gone' is not one this server runs now (serve --model)"
+    assert again.get("00000000000000b1").model == "gone"  # history keeps its name
+    assert again.get("00000000000000b2") is None and state_of(data, "00000000000000b2")[0] == "failed"
