@@ -115,7 +115,7 @@ def _side(policy: PolicyRuns, label: str, prefix: str) -> dict[str, Any]:
         "subgraph_runs": sum(d.subgraph_runs for d in first.denoised_passes),
         "partial_passes": sum(d.partial_passes for d in first.denoised_passes),  # auto's check, in subgraph_runs
         # where the picture's pass's time went, per stage (board_times: false off the board: not its times)
-        "stage_times": first.denoised.stage_times,
+        "stages": first.denoised.stage_times,
         "finite": sample.finite,
         "peak_rss_mb": max(peaks) / MB if peaks else None,  # the highest over repeats
         "passes": passes,
@@ -433,8 +433,8 @@ def markdown(report: dict[str, Any]) -> str:
         title = f"Seed {entry['seed']}, {entry['sampler']}" if several else f"Seed {entry['seed']}"
         lines += ["", f"## {title}{made_by}", ""] + _seed_table(entry, s["steps_run"], repeats)
         sides = {"baseline": entry["baseline"], **entry["cached"]}
-        lines += [""] + [f"- {name}: {stage_text(side['stage_times'])}" for name, side in sides.items()
-                         if side["stage_times"] is not None]
+        lines += [""] + [f"- {name}: {stage_text(side['stages'])}" for name, side in sides.items()
+                         if side["stages"] is not None]
     if len(s["seeds"]) > 1:
         lines += ["", "## All seeds (speedups: median over seeds)", ""] + _aggregate_table(report["aggregate"])
     lines += ["", f"**Verdict: {report['verdict']['line']}**", ""]

@@ -133,8 +133,8 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
          f"{report['subgraph_runs']} subgraph runs; "
          f"encode {t['encode_s']:.2f}s, {encode_image}denoise {t['denoise_s']:.2f}s, decode {t['decode_s']:.2f}s, "
          f"total {t['total_s']:.2f}s (excl. encode)")
-    if params.backend == "rknn" and report["stage_times"] is not None:
-        echo(stage_text(report["stage_times"]))
+    if params.backend == "rknn" and t["stages"] is not None:
+        echo(stage_text(t["stages"]))
     if report["cache_error_estimate"] is not None:
         echo(f"cache error estimate: {report['cache_error_estimate']:.4f} (relative L2 distance of the latent from "
              "the uncached run's, estimated from the forecasts' measured errors)")

@@ -99,7 +99,8 @@ class GenerationResult:
             "vae_backend": self.vae_backend or params.vae_backend,
             "cache_options": params.cache_options,
             "loras": [{"name": ref.name, **ref.as_json()} for ref in params.loras],
-            "timings": {k: round(v, 4) for k, v in self.timings().items()},
+            # "stages": where the picture's pass's time went (SplitEngine.stage_record; not the board's off it)
+            "timings": {k: round(v, 4) for k, v in self.timings().items()} | {"stages": self.denoised.stage_times},
             "transformer_passes": sum(d.transformer_passes for d in self.denoised_passes()),
             # 1 with CFG 1 (the conditional pass alone), 2 otherwise: transformer_passes = this x computed calls
             "passes_per_model_call": passes_per_call(params.cfg),
@@ -119,7 +120,6 @@ class GenerationResult:
             "interrupted": (None if self.interrupted_at is None
                             else {"step": self.interrupted_at, "total": params.steps_run()}),
             "passes": [self._pass_record(params.passes()[d.pass_index], d) for d in self.denoised_passes()],
-            "stage_times": self.denoised.stage_times,  # the picture's pass's (each pass's is in "passes")
         } | image_to_image_record(params)
 
     @staticmethod
@@ -129,8 +129,7 @@ class GenerationResult:
         return {"width": denoise_pass.width, "height": denoise_pass.height, "steps": denoise_pass.steps,
                 "start": denoise_pass.start, "steps_run": denoise_pass.steps_run, "cache": denoise_pass.cache,
                 "transformer_passes": denoised.transformer_passes,
-                "computed_steps": denoised.sample.computed_steps, "skipped_steps": denoised.sample.skipped_steps,
-                "stage_times": denoised.stage_times}
+                "computed_steps": denoised.sample.computed_steps, "skipped_steps": denoised.sample.skipped_steps}
 
 
 def image_to_image_record(params: GenerationParams) -> dict[str, Any]:
