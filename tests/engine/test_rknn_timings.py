@@ -15,33 +15,19 @@ from anima_rknn.engine import RknnOptions, SplitEngine
 from anima_rknn.engine.backends.base import STAGES
 from anima_rknn.engine.backends.rknn import RknnBackend
 from anima_rknn.generation.params import GenerationParams
-from anima_rknn.generation.pipeline import AnimaPipeline, initial_noise
+from anima_rknn.generation.pipeline import AnimaPipeline
 from anima_rknn.generation.result import stage_text
-from anima_rknn.model.io import load_dit
 
 pytest.importorskip("rknn.api")
-
-WIDTH = HEIGHT = 64
-COUNT = 6  # the tiny DiT's subgraphs
-
-
-@pytest.fixture(scope="module")
-def dit(tiny_set):
-    return load_dit(tiny_set.dit, torch.float32)
-
-
-@pytest.fixture(scope="module")
-def context(tiny_set) -> torch.Tensor:
-    return AnimaPipeline(tiny_set).encode("1girl, long hair, smile, flowers", "").positive
+from test_rknn_backend import COUNT, HEIGHT, WIDTH, context, dit, run_pass  # noqa: E402, F401  (fixtures too)
 
 
 def timed_passes(engine: SplitEngine, context: torch.Tensor, sigmas: tuple[float, ...]) -> list[float]:
     """Each pass's wall time, as a caller sees it."""
     walls = []
     for sigma in sigmas:
-        latent = torch.from_numpy(initial_noise(0, WIDTH, HEIGHT))
         began = time.perf_counter()
-        engine.velocity(latent, sigma, context)
+        run_pass(engine, context, sigma)
         walls.append(time.perf_counter() - began)
     return walls
 
