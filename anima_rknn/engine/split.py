@@ -156,6 +156,7 @@ class SplitEngine:
         1 / blocks of a pass (its 3 subgraphs), counted in partial_passes and subgraph_runs."""
         self._check_inputs(x, context)
         sigma = float(sigma)
+
         def first() -> torch.Tensor:
             state = self.dit.prologue(x, torch.tensor([sigma]))
             self._run_blocks(state, sigma, context, blocks=1)

@@ -102,7 +102,7 @@ class GenerationResult:
             # "stages": where the picture's pass's time went (SplitEngine.stage_record; not the board's off it)
             "timings": {k: round(v, 4) for k, v in self.timings().items()} | {"stages": self.denoised.stage_times},
             "transformer_passes": sum(d.transformer_passes for d in self.denoised_passes()),
-            # 1 with CFG 1 (the conditional pass alone), 2 otherwise: transformer_passes = this x computed calls
+            # transformer passes of each computed model call: 1 at CFG 1 (the conditional pass alone), else 2
             "passes_per_model_call": passes_per_call(params.cfg),
             "subgraph_runs": sum(d.subgraph_runs for d in self.denoised_passes()),
             "partial_passes": sum(d.partial_passes for d in self.denoised_passes()),
