@@ -65,6 +65,7 @@ VOLATILE_KEYS = frozenset({
     "end_to_end_speedup_median",  # bench report aggregate
     "denoise_s",                  # server compare: {"cached": s, "baseline": s} (also inside "timings")
     "worker",                     # batch and bench: host:pid of the worker
+    "stages",                     # generate's "timings" and bench's sides: seconds per stage of a pass
 })
 # Objects all of whose keys ending in "_s" are masked: generate --json's, a batch record's, a server job's
 # "timings" (encode_s, denoise_s, decode_s, total_s, job_s). The keys themselves are kept and compared.

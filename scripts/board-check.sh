@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The board, emulated: an arm64 Debian 12 (bookworm) root made with debootstrap and run through qemu-user-static,
 # in which the project is installed the way the README's board section tells a ROCK 5C owner, then checked:
-# the demo generate, `import rknnlite`, `--backend rknn` refused in one line where there is no NPU, and the slice
+# the demo generate, `import rknnlite`, `--backend rknn` refused in one line where there is no NPU, `doctor`'s report
+# there, and the slice
 # of the test suite whose numerics matter on ARM (run on the torch that the board gets). Root only.
 #
 #   sudo bash scripts/board-check.sh [--fresh] [--full]
@@ -180,6 +181,15 @@ rknn_without_npu() {
     [ ! -e "$board/tmp/no-npu.png" ]
 }
 
+# `doctor` where there is no NPU: every check on its line, the NPU and librknnrt FAIL, exit 1, no traceback.
+doctor_without_npu() {
+  local out="$board/tmp/doctor.out" code=0
+  in_root anima-rknn doctor --subgraphs "$app/rknn-demo-64" >"$out" 2>&1 || code=$?
+  cat "$out"
+  echo "exit $code"
+  [ "$code" -eq 1 ] && grep -q "^FAIL npu " "$out" && grep -q "^FAIL runtime " "$out" && ! grep -q Traceback "$out"
+}
+
 # The tests whose numbers depend on the CPU and the torch version, cut to what emulation runs in reasonable time
 # (the whole files take hours under qemu): the DiT against diffusers on the tiny set (a full pass and one block),
 # the samplers against k-diffusion's and diffusers' own at one schedule (simple, 5 steps, shift 3), the Spectrum
@@ -237,6 +247,7 @@ if [ "${#failed[@]}" -eq 0 ]; then
     step demo-generate demo_generate
     step import-rknnlite import_rknnlite
     [[ " ${failed[*]} " == *" convert-set "* ]] || step rknn-without-npu rknn_without_npu
+    [[ " ${failed[*]} " == *" convert-set "* ]] || step doctor doctor_without_npu
     step report report
     step test-slice test_slice
   fi

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.files import json_text, write_text
-from ..generation.result import call_noun, dtype_ran, image_to_image_record
+from ..generation.result import call_noun, dtype_ran, image_to_image_record, stage_text
 from ..sampling.samplers import SAMPLERS
 from . import DEFAULT_MIN_PSNR, metrics
 from .run import BASELINE, BenchResult, PolicyRuns, SeedResult
@@ -114,6 +114,8 @@ def _side(policy: PolicyRuns, label: str, prefix: str) -> dict[str, Any]:
         "transformer_passes": sum(d.transformer_passes for d in first.denoised_passes),
         "subgraph_runs": sum(d.subgraph_runs for d in first.denoised_passes),
         "partial_passes": sum(d.partial_passes for d in first.denoised_passes),  # auto's check, in subgraph_runs
+        # where the picture's pass's time went, per stage (board_times: false off the board: not its times)
+        "stages": first.denoised.stage_times,
         "finite": sample.finite,
         "peak_rss_mb": max(peaks) / MB if peaks else None,  # the highest over repeats
         "passes": passes,
@@ -430,6 +432,9 @@ def markdown(report: dict[str, Any]) -> str:
         made_by = f" (worker {entry['worker']})" if entry["worker"] else ""
         title = f"Seed {entry['seed']}, {entry['sampler']}" if several else f"Seed {entry['seed']}"
         lines += ["", f"## {title}{made_by}", ""] + _seed_table(entry, s["steps_run"], repeats)
+        sides = {"baseline": entry["baseline"], **entry["cached"]}
+        lines += [""] + [f"- {name}: {stage_text(side['stages'])}" for name, side in sides.items()
+                         if side["stages"] is not None]
     if len(s["seeds"]) > 1:
         lines += ["", "## All seeds (speedups: median over seeds)", ""] + _aggregate_table(report["aggregate"])
     lines += ["", f"**Verdict: {report['verdict']['line']}**", ""]

@@ -15,7 +15,7 @@ from ..core.files import check_output_file, json_text
 from ..errors import AnimaError
 from ..generation.params import IMAGE_SETTINGS, MAX_STEPS, SETTINGS, GenerationParams, options
 from ..generation.pipeline import AnimaPipeline
-from ..generation.result import NotFinite, call_noun
+from ..generation.result import NotFinite, call_noun, stage_text
 from ..generation.resume import (
     STATE_SUFFIX,
     Interrupted,
@@ -128,10 +128,13 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
     encode_image = f"VAE encode {t['vae_encode_s']:.2f}s, " if t.get("vae_encode_s") else ""
     echo(f"{'wrote ' + str(out_path) if failed is None else 'NO IMAGE WRITTEN'}: {size_text(params, report)}, "
          f"{steps_text(params)}, {cache_text(params)}: computed {computed_text(params, report)}, "
-         f"{report['transformer_passes']} transformer passes{partial_text(report)}, "
+         f"{report['transformer_passes']} transformer passes{partial_text(report)} "
+         f"({report['passes_per_model_call']} per model call), "
          f"{report['subgraph_runs']} subgraph runs; "
          f"encode {t['encode_s']:.2f}s, {encode_image}denoise {t['denoise_s']:.2f}s, decode {t['decode_s']:.2f}s, "
          f"total {t['total_s']:.2f}s (excl. encode)")
+    if params.backend == "rknn" and t["stages"] is not None:
+        echo(stage_text(t["stages"]))
     if report["cache_error_estimate"] is not None:
         echo(f"cache error estimate: {report['cache_error_estimate']:.4f} (relative L2 distance of the latent from "
              "the uncached run's, estimated from the forecasts' measured errors)")

@@ -20,7 +20,7 @@ from ..export.onnx import token_count
 from ..export.rknn import convert_subgraphs
 from ..export.vae import check_image_fits
 from ..generation.pipeline import AnimaPipeline, initial_noise
-from ..model.config import PRESETS
+from ..model.config import MAX_BLOCKS, PRESETS
 from ..model.model_set import resolve
 from .group import cli
 from .options import FINITE, apply_threads, model_options, threads_option
@@ -49,14 +49,18 @@ def convert_rknn(subgraphs: Path, target: str, out: Path, overwrite: bool) -> No
 @click.option("--preset", type=click.Choice(list(PRESETS)), help="Or plan from a model preset's dimensions.")
 @click.option("--width", "-W", type=int, default=512, show_default=True, help="With --preset: image width.")
 @click.option("--height", "-H", type=int, default=512, show_default=True, help="With --preset: image height.")
+@click.option("--blocks", type=click.IntRange(1, MAX_BLOCKS), default=None,
+              help="With --preset: the DiT's blocks instead of the preset's (40: the community Anima-2.9B).")
 @click.option("--budget", default=None, help="Memory the run may use, e.g. 8GB or 6GiB (default: no limit).")
 @click.option("--vae-subgraphs", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="A converted VAE decoder set: add the decode stage, which runs after the DiT's contexts close.")
-def plan(subgraphs: Path | None, preset: str | None, width: int, height: int, budget: str | None,
-         vae_subgraphs: Path | None) -> None:
+def plan(subgraphs: Path | None, preset: str | None, width: int, height: int, blocks: int | None,
+         budget: str | None, vae_subgraphs: Path | None) -> None:
     """Predict peak memory and load/release traffic per pass of the rknn backend; refuse a budget that cannot work."""
     if (subgraphs is None) == (preset is None):
         raise AnimaError("pass exactly one of --subgraphs DIR or --preset NAME")
+    if blocks is not None and preset is None:
+        raise AnimaError("--blocks goes with --preset: a subgraph set has its own")
     budget_bytes = None if budget is None else parse_size(budget)
     if subgraphs is not None:
         manifest = read_manifest(subgraphs)
@@ -64,7 +68,7 @@ def plan(subgraphs: Path | None, preset: str | None, width: int, height: int, bu
         memory = plan_memory(manifest, budget_bytes)
     else:
         config = PRESETS[preset]
-        memory = predict_memory(config.hidden, config.blocks, token_count(width, height), config.mlp, budget_bytes,
+        memory = predict_memory(config.hidden, blocks or config.blocks, token_count(width, height), config.mlp, budget_bytes,
                                 config.context_dim)
     click.echo(memory.describe())
     if vae_subgraphs is not None:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..core.files import check_name, held_folder, output_folder
 from ..errors import AnimaError
-from ..model.config import PRESETS
+from ..checks import is_int_in, shown
+from ..model.config import MAX_BLOCKS, PRESETS
 from ..model.io import random_dit, save_dit
 from ..model.model_set import LAYOUT, ModelFiles, from_model_dir
 from ..text import build_word_tokenizers, write_random_text_encoder
@@ -40,15 +41,18 @@ FULL_QWEN_VOCAB = 151936
 
 
 def write_model_set(out: Path, preset: str = "tiny", tokenizers: Path | None = None, seed: int = 0,
-                    overwrite: bool = False) -> ModelFiles:
+                    overwrite: bool = False, blocks: int | None = None) -> ModelFiles:
     """Write DiT+adapter, Qwen3 and Wan VAE files with seeded random weights, plus both tokenizers and the VAE's
-    preview projection.
+    preview projection. `blocks`: the DiT's block count instead of the preset's (the full preset with 40 is the
+    community Anima-2.9B's shape: 120 subgraphs).
 
     `tokenizers` may name a folder holding the real `qwen3/` and `t5/` tokenizers; otherwise small word-level
     ones are built. Vocabulary sizes follow the tokenizers (the full preset keeps the real model's sizes).
     """
     if preset not in PRESETS:
         raise AnimaError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    if blocks is not None and not is_int_in(blocks, 1, MAX_BLOCKS):
+        raise AnimaError(f"a DiT has 1 to {MAX_BLOCKS} blocks, not {shown(blocks)}")
     out = check_name(out)  # before anything looks at it: a name too long is an OSError there
     holds = "a model set" if (out / "split_files").exists() else "other files"
     with held_folder(lambda: output_folder(out, overwrite=overwrite, holds=holds)):  # one writer at a time
@@ -68,8 +72,9 @@ def write_model_set(out: Path, preset: str = "tiny", tokenizers: Path | None = N
         config = PRESETS[preset]
         if preset == "full":
             qwen_vocab, t5_vocab = FULL_QWEN_VOCAB, config.t5_vocab
-        config = dataclasses.replace(config, t5_vocab=max(t5_vocab, 1))
-        save_dit(random_dit(config, seed), out / LAYOUT["dit"] / f"anima-{preset}-random.safetensors")
+        config = dataclasses.replace(config, t5_vocab=max(t5_vocab, 1), blocks=blocks or config.blocks)
+        name = preset if blocks is None else f"{preset}-{blocks}blocks"
+        save_dit(random_dit(config, seed), out / LAYOUT["dit"] / f"anima-{name}-random.safetensors")
         write_random_text_encoder(out / LAYOUT["text_encoder"] / f"qwen3-{preset}-random.safetensors",
                                   hidden=config.adapter_source_dim, vocab=qwen_vocab, seed=seed + 1,
                                   **TEXT_ENCODERS[preset])

@@ -7,12 +7,18 @@ manifest ("x", "rope_cos", "rope_sin", "context" -> "y") and cast them to their 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import numpy as np
 import torch
 
 from ..errors import AnimaError
 from ..model.dit import AnimaDiT, PassState, layer_norm_modulate
 from .backends.base import Backend
+
+T = TypeVar("T")
 
 
 def rope_inputs(rope: tuple[torch.Tensor, torch.Tensor]) -> dict[str, np.ndarray]:
@@ -44,6 +50,7 @@ class SplitEngine:
         self.subgraph_runs = 0
         self.partial_passes = 0
         self.first_block_tokens: torch.Tensor | None = None  # of the last pass run with keep_first_block
+        self.pass_stages: list[dict[str, float]] = []  # each full pass's seconds per stage and its loads
 
     def reset_counters(self) -> None:
         self.passes = 0
@@ -103,10 +110,45 @@ class SplitEngine:
         `keep_first_block`: leave the residual stream after the first block in first_block_tokens."""
         self._check_inputs(x, context)
         sigma = float(sigma)
+        velocity, spent = self._timed(lambda: self._full_pass(x, sigma, context, keep_first_block))
+        self.pass_stages.append(spent)
+        self.passes += 1
+        return velocity
+
+    def _full_pass(self, x: torch.Tensor, sigma: float, context: torch.Tensor, keep_first_block: bool) -> torch.Tensor:
         state = self.dit.prologue(x, torch.tensor([sigma]))
         self._run_blocks(state, sigma, context, keep_first_block=keep_first_block)
-        self.passes += 1
         return self.dit.epilogue(state)
+
+    def _timed(self, work: Callable[[], T]) -> tuple[T, dict[str, float]]:
+        """work(), and what it spent per stage: the backend's own stages, and as host work the rest of its wall
+        time (added to the backend's clock, so its totals hold every stage)."""
+        clock = self.backend.stages
+        before, began = clock.snapshot(), time.perf_counter()
+        result = work()
+        wall = time.perf_counter() - began
+        spent = {key: value - before[key] for key, value in clock.snapshot().items()}
+        clock.add("host", wall - sum(value for key, value in spent.items() if key != "loads"))
+        spent["host"] = clock.seconds["host"] - before["host"]
+        return result, spent
+
+    def stage_record(self) -> dict[str, Any]:
+        """Where the passes' time went, per stage (backends.base.STAGES) and in context loads: the first full pass
+        (on the NPU it opens the contexts that stay open), the mean of the later ones (the steady state), and the
+        totals of all the backend ran (partial passes and the closing releases included). `board_times` says
+        whether these are the NPU's own times; `source` says what they are."""
+        source, passes = self.backend.stage_source, self.pass_stages
+        steady = passes[1:] or passes
+        mean = {key: sum(p[key] for p in steady) / len(steady) for key in steady[0]} if steady else None
+        return {
+            "source": source, "board_times": source == "board", "passes": len(passes),
+            "first_pass_s": _seconds(passes[0]) if passes else None,
+            "per_pass_s": _seconds(mean) if mean else None,
+            "total_s": _seconds(self.backend.stages.snapshot()),
+            "first_pass_loads": passes[0]["loads"] if passes else None,
+            "loads_per_pass": round(mean["loads"], 3) if mean else None,
+            "loads": self.backend.stages.loads,
+        }
 
     @torch.inference_mode()
     def first_block(self, x: torch.Tensor, sigma: float, context: torch.Tensor) -> torch.Tensor:
@@ -114,15 +156,24 @@ class SplitEngine:
         1 / blocks of a pass (its 3 subgraphs), counted in partial_passes and subgraph_runs."""
         self._check_inputs(x, context)
         sigma = float(sigma)
-        state = self.dit.prologue(x, torch.tensor([sigma]))
-        self._run_blocks(state, sigma, context, blocks=1)
+
+        def first() -> torch.Tensor:
+            state = self.dit.prologue(x, torch.tensor([sigma]))
+            self._run_blocks(state, sigma, context, blocks=1)
+            return state.tokens
+
+        tokens, _ = self._timed(first)
         self.partial_passes += 1
-        return state.tokens
+        return tokens
 
     def close(self) -> None:
         self._modulations = None
         self._run_modulations = {}
         self.backend.close()
+
+
+def _seconds(spent: dict[str, float]) -> dict[str, float]:
+    return {key: round(value, 6) for key, value in spent.items() if key != "loads"}
 
 
 class FirstBlockProbe:

@@ -41,6 +41,7 @@ class RecordingBackend:
 
     def __init__(self, inner: TorchBackend) -> None:
         self.inner = inner
+        self.stages, self.stage_source = inner.stages, inner.stage_source
         self.records: dict[int, tuple[dict[str, np.ndarray], np.ndarray]] = {}
 
     def run(self, index: int, inputs: dict[str, np.ndarray]) -> np.ndarray:

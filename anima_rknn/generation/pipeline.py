@@ -51,7 +51,7 @@ from .image_to_image import (
 )
 from .images import image_to_tensor
 from .params import DTYPES, MAX_PROMPT_TOKENS, DenoisePass, GenerationParams
-from .result import Conditioning, DecodePlan, Denoised, GenerationResult
+from .result import Conditioning, DecodePlan, Denoised, GenerationResult, passes_per_call
 from .resume import Interrupted
 
 if TYPE_CHECKING:
@@ -230,7 +230,7 @@ class AnimaPipeline:
             latent = torch.from_numpy(x)
             with torch.no_grad():
                 v = engine.velocity(latent, sigma, conditioning.positive, keep_first_block=probing)
-                if cfg != 1.0:  # CFG 1 is the conditional model alone: skip the wasted pass
+                if passes_per_call(cfg) == 2:  # CFG 1 is the conditional model alone: skip the wasted pass
                     v_uncond = engine.velocity(latent, sigma, conditioning.negative)
                     v = v_uncond + cfg * (v - v_uncond)
             return (latent - sigma * v).numpy()
@@ -239,7 +239,7 @@ class AnimaPipeline:
         try:
             if not self.keep_dit:  # a one-off run: its sigmas and prompts are fixed, free what only they need
                 engine.fix_run(list(dict.fromkeys(call_sigmas(sampler, sigmas, first))),
-                               [conditioning.positive, conditioning.negative][: 1 + (cfg != 1.0)])
+                               [conditioning.positive, conditioning.negative][: passes_per_call(cfg)])
                 return_freed_memory()
             sampled = sample(sampler, denoise, x, sigmas, cache, on_step, seed=pass_seed(params.seed,
                              denoise_pass.stream), eta=params.eta_value, s_noise=params.s_noise_value, start=first,
@@ -248,9 +248,10 @@ class AnimaPipeline:
             engine.close()
         elapsed = time.perf_counter() - began + (resume.denoise_s if resume is not None else 0.0)
         passes, subgraph_runs, partial_passes = engine.passes, engine.subgraph_runs, engine.partial_passes
+        stage_times = engine.stage_record()
         del dit, engine, denoise  # the step function holds the engine too
         return_freed_memory()
-        return Denoised(sampled, passes, subgraph_runs, elapsed, start.index, partial_passes)
+        return Denoised(sampled, passes, subgraph_runs, elapsed, start.index, partial_passes, stage_times)
 
     def decode(self, latent: np.ndarray, plan: DecodePlan = DecodePlan(),
                rknn: RknnOptions = RknnOptions()) -> tuple[Image.Image, float]:

@@ -42,6 +42,7 @@ class Denoised:
     denoise_s: float
     pass_index: int = 0  # which of the run's passes (GenerationParams.passes()) this is
     partial_passes: int = 0  # the first block alone (auto's check): 1 / blocks of a pass each, in subgraph_runs
+    stage_times: dict[str, Any] | None = None  # where the passes' time went (SplitEngine.stage_record)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +99,11 @@ class GenerationResult:
             "vae_backend": self.vae_backend or params.vae_backend,
             "cache_options": params.cache_options,
             "loras": [{"name": ref.name, **ref.as_json()} for ref in params.loras],
-            "timings": {k: round(v, 4) for k, v in self.timings().items()},
+            # "stages": where the picture's pass's time went (SplitEngine.stage_record; not the board's off it)
+            "timings": {k: round(v, 4) for k, v in self.timings().items()} | {"stages": self.denoised.stage_times},
             "transformer_passes": sum(d.transformer_passes for d in self.denoised_passes()),
+            # transformer passes of each computed model call: 1 at CFG 1 (the conditional pass alone), else 2
+            "passes_per_model_call": passes_per_call(params.cfg),
             "subgraph_runs": sum(d.subgraph_runs for d in self.denoised_passes()),
             "partial_passes": sum(d.partial_passes for d in self.denoised_passes()),
             "computed_steps": sample.computed_steps, "skipped_steps": sample.skipped_steps,
@@ -146,6 +150,23 @@ def image_to_image_record(params: GenerationParams) -> dict[str, Any]:
                              "upscaler": params.hires_upscaler, "strength": params.strength,
                              "cache": params.passes()[-1].cache}}
     return record
+
+
+def passes_per_call(cfg: float) -> int:
+    """Transformer passes per model call: CFG 1 is the conditional model alone, any other scale adds the
+    unconditional pass (the pipeline's denoise skips it at 1)."""
+    return 1 if cfg == 1.0 else 2
+
+
+def stage_text(stage_times: dict[str, Any]) -> str:
+    """One line of where a pass's time went (the steady state's), and what the times are."""
+    per_pass = stage_times["per_pass_s"]
+    if per_pass is None:
+        return "stage times: no transformer pass ran"
+    stages = ", ".join(f"{stage} {seconds:.3f}s" for stage, seconds in per_pass.items())
+    label = "" if stage_times["board_times"] else f"; {stage_times['source']}"
+    return (f"stage times per pass: {stages}; {stage_times['loads_per_pass']:g} context loads per pass "
+            f"(first pass {stage_times['first_pass_loads']}){label}")
 
 
 SET_DTYPES = {"float32": "fp32", "float16": "fp16"}  # an exported set's dtype (its manifest's), by our names

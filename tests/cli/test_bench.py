@@ -27,6 +27,10 @@ def test_none_against_baseline_is_identical_and_passes(run_cli, model_dir, tmp_p
     with Image.open(out / "baseline_seed11.png") as image:
         assert "Seed: 11" in image.text["parameters"] and "Cache: none" in image.text["parameters"]
     assert "**Verdict: PASS" in (out / "report.md").read_text()
+    stages = report["seeds"][0]["baseline"]["stages"]  # where the baseline's passes went, not the board's times
+    assert stages["passes"] == report["seeds"][0]["baseline"]["transformer_passes"] == 6
+    assert stages["board_times"] is False and stages["per_pass_s"]["run"] > 0
+    assert "- baseline: stage times per pass: load 0.000s" in (out / "report.md").read_text()
 
 
 def test_failed_verdict_exits_3_only_when_asked(run_cli, model_dir, tmp_path):

@@ -23,7 +23,7 @@ def test_generate_writes_png_with_parameters_and_json(run_cli, model_dir, tmp_pa
     assert report["image"] == str(out) and report["finite"] is True
     assert (report["width"], report["height"], report["steps"], report["cfg"]) == (64, 64, 4, 4.0)
     assert report["transformer_passes"] == 8 and report["subgraph_runs"] == 8 * 3 * 2
-    assert set(report["timings"]) == {"encode_s", "vae_encode_s", "denoise_s", "decode_s", "total_s"}
+    assert set(report["timings"]) == {"encode_s", "vae_encode_s", "denoise_s", "decode_s", "total_s", "stages"}
     image = Image.open(out)
     assert image.size == (64, 64)
     parameters = image.text["parameters"]

@@ -52,6 +52,7 @@ class BoundWatcher:
 
     def __init__(self, backend: RknnBackend, bound: int) -> None:
         self.backend, self.bound = backend, bound
+        self.stages, self.stage_source = backend.stages, backend.stage_source
 
     def run(self, index: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
         output = self.backend.run(index, inputs)

@@ -9,6 +9,7 @@ import numpy as np
 
 from ...core.threads import session_options
 from ...errors import AnimaError
+from .base import StageClock
 
 
 class OnnxBackend:
@@ -20,12 +21,14 @@ class OnnxBackend:
     """
 
     name = "onnx"
+    stage_source = "CPU (ONNX Runtime): not the board's times"
 
     def __init__(self, subgraph_dir: Path, manifest: dict[str, Any]) -> None:
         try:
             import onnxruntime
         except ImportError:
             raise AnimaError("the onnx backend needs onnxruntime: pip install 'anima-rknn[onnx]'") from None
+        self.stages = StageClock()
         options = session_options(onnxruntime)  # torch's threads (the run's --threads), no spinning
         self._input_dtypes = [{i["name"]: np.dtype(i["dtype"]) for i in entry["inputs"]}
                               for entry in manifest["subgraphs"]]
@@ -33,9 +36,11 @@ class OnnxBackend:
                           for entry in manifest["subgraphs"]]
 
     def run(self, index: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        feeds = {name: np.ascontiguousarray(inputs[name], dtype=dtype)
-                 for name, dtype in self._input_dtypes[index].items()}
-        return self._sessions[index].run(["y"], feeds)[0]
+        with self.stages.stage("prepare"):
+            feeds = {name: np.ascontiguousarray(inputs[name], dtype=dtype)
+                     for name, dtype in self._input_dtypes[index].items()}
+        with self.stages.stage("run"):
+            return self._sessions[index].run(["y"], feeds)[0]
 
     def close(self) -> None:
         self._sessions = []

@@ -26,8 +26,11 @@ from ...errors import AnimaError
 from ...export.manifest import check_file, read_manifest
 from ...export.rknn import TOOLKIT_MISSING, build_model, toolkit_call, toolkit_output
 from ..memory_plan import pinned_contexts
+from .base import StageClock
 
 RUNTIMES = ("auto", "simulator", "lite")
+# What a run's stage times measure, by runtime: only the board's own runtime times the board.
+STAGE_SOURCES = {"lite": "board", "simulator": "x86 simulator (rknn-toolkit2): meaningless for the board"}
 CORE_MASKS = {
     "auto": "NPU_CORE_AUTO", "0": "NPU_CORE_0", "1": "NPU_CORE_1", "2": "NPU_CORE_2",
     "0_1": "NPU_CORE_0_1", "0_1_2": "NPU_CORE_0_1_2",
@@ -122,6 +125,8 @@ class RknnBackend:
     max_resident-1 pinned for the whole run and the others taking turns in the last slot."""
 
     name = "rknn"
+    # Stages: load (open / close a context, its hash checked the first time), prepare (the inputs' cast and
+    # shape check), run (inference), output (to fp32 in the manifest's shape).
 
     def __init__(
         self,
@@ -146,12 +151,17 @@ class RknnBackend:
         self.conversion = manifest["rknn"]
         self.rknn_files = {record["index"]: record for record in self.conversion["subgraphs"]}
         self.runtime = check_runtime(self.conversion, runtime)
+        self.stages = StageClock()
+        self.stage_source = STAGE_SOURCES[self.runtime]
         self.pinned_count = pinned_contexts(len(self.subgraphs), max_resident)
         self.contexts: OrderedDict[int, Any] = OrderedDict()  # least recently used first
         self.verified: set[int] = set()
         self.peak_live_contexts = 0
-        self.loads = 0
         self.releases = 0
+
+    @property
+    def loads(self) -> int:
+        return self.stages.loads
 
     @property
     def live_contexts(self) -> int:
@@ -159,17 +169,21 @@ class RknnBackend:
 
     def run(self, index: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
         entry = self.subgraphs[index]
-        ordered = [self._prepare(entry, spec, inputs) for spec in entry["inputs"]]
-        context = self._context(index)
-        with toolkit_output() as log:
+        with self.stages.stage("prepare"):
+            ordered = [self._prepare(entry, spec, inputs) for spec in entry["inputs"]]
+        with self.stages.stage("load"):
+            context = self._context(index)
+        with toolkit_output() as log, self.stages.stage("run"):
             # 'nchw': take arrays as laid out in the ONNX graph (4-D inputs default to NHWC otherwise)
             outputs = toolkit_call("inference", Path(self.rknn_files[index]["rknn_file"]), log, context.inference,
                                    inputs=ordered, data_format=["nchw"] * len(ordered))
-        return np.asarray(outputs[0], dtype=np.float32).reshape(entry["outputs"][0]["shape"])
+        with self.stages.stage("output"):
+            return np.asarray(outputs[0], dtype=np.float32).reshape(entry["outputs"][0]["shape"])
 
     def close(self) -> None:
-        while self.contexts:
-            self._release(next(iter(self.contexts)))
+        with self.stages.stage("load"):
+            while self.contexts:
+                self._release(next(iter(self.contexts)))
 
     def _prepare(self, entry: dict[str, Any], spec: dict[str, Any], inputs: dict[str, np.ndarray]) -> np.ndarray:
         name = spec["name"]
@@ -189,7 +203,7 @@ class RknnBackend:
             self._release(next(i for i in self.contexts if i >= self.pinned_count))
         context = self._load(index)
         self.contexts[index] = context
-        self.loads += 1
+        self.stages.loads += 1
         self.peak_live_contexts = max(self.peak_live_contexts, len(self.contexts))
         return context
 

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from ...model.dit import AnimaDiT, cast_weights
+from .base import StageClock
 
 KeyValues = list[tuple[torch.Tensor, torch.Tensor]]  # per block (k, v)
 
@@ -19,6 +20,7 @@ class TorchBackend:
     """
 
     name = "torch"
+    stage_source = "CPU (torch): not the board's times"
 
     def __init__(self, dit: AnimaDiT, dtype: torch.dtype = torch.float32, *, cache_context_kv: bool = True,
                  max_contexts: int = 2) -> None:
@@ -29,6 +31,7 @@ class TorchBackend:
         self.cache_context_kv = cache_context_kv
         self.max_contexts = max_contexts
         self._key_values: list[tuple[np.ndarray, KeyValues]] = []  # most recently computed first
+        self.stages = StageClock()  # all of a body in "run": its casts are part of the module's own work
 
     def prepare_contexts(self, contexts: list[np.ndarray]) -> None:
         """K/V of every prompt of a run, computed now (the engine then frees the projections)."""
@@ -46,8 +49,12 @@ class TorchBackend:
         self._key_values = [(context.copy(), key_values), *self._key_values][: self.max_contexts]
         return key_values
 
-    @torch.inference_mode()
     def run(self, index: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        with self.stages.stage("run"):
+            return self._run(index, inputs)
+
+    @torch.inference_mode()
+    def _run(self, index: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
         block = self.dit.blocks[index // 3]
         x = torch.from_numpy(inputs["x"]).to(self.dtype)
         part = index % 3
