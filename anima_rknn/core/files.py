@@ -162,6 +162,13 @@ def check_space(folder: str | os.PathLike, needed: int, what: str) -> None:
                          "there: free some space or choose another folder")
 
 
+def parameter_bytes(modules: Iterable[Any], bytes_each: int) -> int:
+    """About the bytes of the modules' tensors (parameters and buffers) stored at `bytes_each` bytes a number, with
+    a little for the files' own structure: a long writer's estimate of what it will write."""
+    numbers = sum(t.numel() for module in modules for t in module.state_dict().values())
+    return numbers * bytes_each * 21 // 20 + (1 << 20)
+
+
 def _file_size_limit() -> int | None:
     try:
         import resource

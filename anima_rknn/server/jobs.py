@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import is_number, shown
-from ..core.files import Unreadable, output_folder, read_small_file, write_bytes
+from ..core.files import Unreadable, free_space, human_size, output_folder, read_small_file, write_bytes
 from ..errors import AnimaError
 from ..generation.images import MAX_IMAGE_BYTES, ImageInput
 from ..generation.params import IMAGE_SETTINGS, SETTINGS, GenerationParams, settings_of
@@ -295,6 +295,18 @@ class JobQueue:
                                      f"{'the disk is full' if full else 'it cannot write its data folder'})",
                                      507 if full else 503) from None
 
+    def _check_space(self, batch: list[GenerationParams]) -> None:
+        """Refuse (507) jobs whose pictures, uploads and resume states the data folder has no room for now: at most
+        3 bytes a pixel for a PNG, and a state's float latent and noise (16 channels a 8 x 8 patch, 4 bytes each)."""
+        needed = 0
+        for params in batch:
+            last = params.passes()[-1]
+            needed += last.width * last.height * (3 + 2) + sum(len(image.data or b"") for image in image_inputs(params))
+        free = free_space(self.data_dir)
+        if needed > free:
+            raise StoreError(f"the server's disk is full: {len(batch)} job(s) need about {human_size(needed)}, and "
+                             f"{human_size(free)} is free", 507)
+
     def with_inputs(self, params: GenerationParams) -> GenerationParams:
         """`params` with its fingerprint-only images given their bytes from the inputs folder."""
         found = {}
@@ -356,6 +368,7 @@ class JobQueue:
                 raise QueueFull(f"the queue is full ({len(self._waiting)} of {self.max_queue} jobs waiting, "
                                 f"{len(jobs)} asked for); try again later")
             try:  # stored first, then queued: a job the store refused (a full disk) is never run
+                self._check_space(batch)
                 for params in batch:  # under the lock: a job finishing now cannot remove what these need
                     self._keep_inputs(params)
                 self._save(*jobs)
