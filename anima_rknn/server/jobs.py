@@ -395,6 +395,7 @@ class JobQueue:
 
     def submit_all(self, batch: list[GenerationParams]) -> list[Job]:
         """Queue every job of a request, or none: a batch that does not fit is refused whole."""
+        self._check_space(batch)  # first: checking a request may take seconds (a VAE probe)
         checked: list[GenerationParams] = []  # a request's jobs differ in their seeds: its images are read once
         for params in batch:
             if (unseeded := dataclasses.replace(params, seed=0)) not in checked:
@@ -406,7 +407,6 @@ class JobQueue:
                 raise QueueFull(f"the queue is full ({len(self._waiting)} of {self.max_queue} jobs waiting, "
                                 f"{len(jobs)} asked for); try again later")
             try:  # stored first, then queued: a job the store refused (a full disk) is never run
-                self._check_space(batch)
                 for params in batch:  # under the lock: a job finishing now cannot remove what these need
                     self._keep_inputs(params)
                 self._save(*jobs)
