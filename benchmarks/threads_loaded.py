@@ -30,7 +30,7 @@ def _spin() -> None:
 
 def run(settings: list[str], env: dict[str, str], steps: int, out: Path) -> tuple[float, float, int]:
     """denoise_s, the process's CPU seconds and the threads the run used, of one generate."""
-    command = [sys.executable, "-m", "anima_rknn", "generate", "--model", "demo", "-p", "a red circle", "--steps",
+    command = [sys.executable, "-m", "anima_rknn", "generate", "-p", "a red circle", "--steps",
                str(steps), "--vae-backend", "torch", "--json", "--overwrite", "-o", str(out), *settings]
     before = os.times()
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
