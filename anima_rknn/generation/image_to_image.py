@@ -24,6 +24,7 @@ from .images import (
     MAX_IMAGE_PIXELS,
     blur_mask,
     check_resize,
+    inside,
     expand_box,
     fill_masked,
     latent_mask,
@@ -101,10 +102,11 @@ def prepare_source(params: GenerationParams) -> Source | None:
         box = expand_box(mask_box(blurred, params.inpaint_padding), width, height, image.width, image.height)
         work = image.crop(box).resize((width, height), Image.Resampling.LANCZOS)
         work_mask = blurred.crop(box).resize((width, height), Image.Resampling.LANCZOS)
-        return Source(_filled(work, work_mask, params), work_mask, image, blurred, box)
+        return Source(_filled(work, work_mask, params), work_mask, image, inside(blurred, mask), box)
     work = resize_image(image, width, height, params.resize_mode)
-    work_mask = blur_mask(resize_image(mask, width, height, params.resize_mode), params.mask_blur)
-    return Source(_filled(work, work_mask, params), work_mask, work, work_mask, None)
+    sharp = resize_image(mask, width, height, params.resize_mode)
+    work_mask = blur_mask(sharp, params.mask_blur)
+    return Source(_filled(work, work_mask, params), work_mask, work, inside(work_mask, sharp), None)
 
 
 def _filled(image: Image.Image, mask: Image.Image, params: GenerationParams) -> Image.Image:
