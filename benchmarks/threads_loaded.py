@@ -39,7 +39,7 @@ def run(settings: list[str], env: dict[str, str], steps: int, out: Path) -> tupl
         raise SystemExit(done.stderr)
     summary = json.loads(done.stdout)
     return (summary["timings"]["denoise_s"], after.children_user + after.children_system - before.children_user
-            - before.children_system, summary["params"]["threads"])
+            - before.children_system, summary["threads"])
 
 
 def main() -> None:

@@ -32,7 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import is_number, shown
-from ..core.files import Unreadable, free_space, human_size, output_folder, read_small_file, write_bytes
+from ..core.files import (
+    Unreadable,
+    free_space,
+    human_size,
+    is_temporary,
+    output_folder,
+    read_small_file,
+    write_bytes,
+)
 from ..errors import AnimaError
 from ..generation.images import MAX_IMAGE_BYTES, ImageInput
 from ..generation.params import IMAGE_SETTINGS, SETTINGS, GenerationParams, settings_of
@@ -194,6 +202,7 @@ class JobQueue:
         self._db = self._open_store(self.data_dir / STORE)
         self.inputs = self.data_dir / INPUTS
         _own_folder(self.inputs)
+        self._remove_temporaries()
         self._load()
         self._prune()
         self._stopping = False
@@ -328,6 +337,14 @@ class JobQueue:
                     raise StoreError("the server cannot keep the uploaded image now ("
                                      f"{'the disk is full' if full else 'it cannot write its data folder'})",
                                      507 if full else 503) from None
+
+    def _remove_temporaries(self) -> None:
+        """The temporaries of writes that a killed server left (a kill -9 mid-PNG: never a partial PNG, since a file
+        is published whole by a rename, but its hidden temporary stays): the data folder is the server's own."""
+        for folder in (self.data_dir, self.inputs):
+            for path in folder.iterdir():
+                if is_temporary(path) and path.is_file() and not path.is_symlink():
+                    path.unlink(missing_ok=True)
 
     def _check_space(self, batch: list[GenerationParams]) -> None:
         """Refuse (507) jobs whose pictures, uploads and resume states the data folder has no room for now: at most
