@@ -9,15 +9,7 @@ import sys
 
 import pytest
 from PIL import Image
-from test_bad_input import assert_refused, snapshot
-
-
-@pytest.fixture
-def out_dir(tmp_path):
-    folder = tmp_path / "out"
-    folder.mkdir()
-    (folder / "keep.txt").write_text("precious")
-    return folder
+from test_bad_input import assert_refused, out_dir, snapshot  # noqa: F401  (out_dir: the suite's fixture)
 
 
 @pytest.fixture(scope="module")
