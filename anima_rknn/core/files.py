@@ -36,7 +36,7 @@ _TEMP_EXTRA = len(_TEMP_PREFIX) + 1 + 8 + len(_TEMP_SUFFIX)
 # File systems that cannot hard-link (FAT on SD cards and USB sticks) answer with one of these.
 _NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
 # A disk (or a quota) that is full, or a file size limit (ulimit -f) reached.
-NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 def cache_dir() -> Path:
@@ -178,11 +178,11 @@ def _file_size_limit() -> int | None:
     return None if limit == resource.RLIM_INFINITY else limit
 
 
-def write_error(e: OSError, target: Path, *, written: int = 0, size: int | None = None) -> AnimaError:
+def _write_error(e: OSError, target: Path, *, written: int = 0, size: int | None = None) -> AnimaError:
     """The one line for a write of `target` that failed with `e`; for a full disk or a file size limit it says
     how much the file needed (`size` when known, else at least the `written` bytes) and how much there was."""
     reason = e.strerror or str(e)
-    if e.errno not in NO_SPACE:
+    if e.errno not in _NO_SPACE:
         return AnimaError(f"cannot write {target}: {reason}")
     needed = f"about {human_size(size)}" if size else f"more than the {human_size(written)} written"
     limit = _file_size_limit()
@@ -197,7 +197,7 @@ def atomic_path(path: str | os.PathLike, *, overwrite: bool, durable: bool = Tru
     """Yield a temporary path beside `path`; publish it as `path` only if the block succeeds.
 
     Without `overwrite` an existing `path` is never replaced, even one that appears while the block runs.
-    A write error (disk full, file too large, read-only file system) becomes one AnimaError line (write_error).
+    A write error (disk full, file too large, read-only file system) becomes one AnimaError line (_write_error).
     `durable` flushes the file to the disk around the publish (off only for scratch files rewritten every step).
     `size`: the file's expected size, if known: refused up front when the disk has not that much free.
     """
@@ -221,7 +221,7 @@ def atomic_path(path: str | os.PathLike, *, overwrite: bool, durable: bool = Tru
             _sync(folder)
     except OSError as e:
         written = tmp.stat().st_size if tmp is not None and tmp.exists() else 0
-        raise write_error(e, target, written=written, size=size) from None
+        raise _write_error(e, target, written=written, size=size) from None
     finally:
         if tmp is not None:
             tmp.unlink(missing_ok=True)

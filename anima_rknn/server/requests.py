@@ -283,8 +283,9 @@ async def form_body(request: Request, *, max_files: int = 4, max_fields: int = 6
         raise BadRequest("this server cannot read uploads: install python-multipart (pip install python-multipart)")
     require_content_type(request, "multipart/form-data", "the image as a file part")
     try:
-        return await MultiPartParser(request.headers, _bounded(request), max_files=max_files,
-                                     max_fields=max_fields).parse()
+        with _large_body_turn(request):
+            return await MultiPartParser(request.headers, _bounded(request), max_files=max_files,
+                                         max_fields=max_fields).parse()
     except MultiPartException as e:
         raise BadRequest(f"the request body is not valid multipart/form-data: {e.message}") from None
 
