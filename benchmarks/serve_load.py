@@ -78,9 +78,20 @@ class Server:
             time.sleep(0.5)
 
     def sample_rss(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            status = Path(f"/proc/{self.process.pid}/status").read_text()
-            peak = re.search(r"VmHWM:\s+(\d+) kB", status)
+        """The largest peak RSS (VmHWM) of the server's processes (the command and the process it runs the server
+        in)."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        pids, seen = [self.process.pid], set()
+        while pids:
+            pid = pids.pop()
+            seen.add(pid)
+            try:
+                peak = re.search(r"VmHWM:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    pids += [int(child) for child in (task / "children").read_text().split() if int(child) not in seen]
+            except OSError:
+                continue
             if peak:
                 self.peak_rss_mib = max(self.peak_rss_mib, int(peak[1]) / 1024)
 
@@ -134,6 +145,7 @@ def client(server: Server, tally: Tally, until: float, seed: int, big: str) -> N
                     tally.blocking["completed"] += 1
                 elif code == 0:
                     tally.blocking["no answer"] += 1
+                    time.sleep(1.0)  # the server is restarting: not a loop of refused connections
             if code not in (0, 200):
                 tally.refuse(code)
         else:
@@ -201,7 +213,7 @@ def main() -> None:
           f"for {args.seconds:g} s, img2img pictures {args.picture}x{args.picture} noise PNGs "
           f"({len(big) / 2**20:.1f} MiB of base64), a SIGTERM (exit {stopped_with}) and a restart at "
           f"{args.seconds / 2:g} s\n")
-    print("| accepted (async) | completed | cancelled | failed | lost | blocking calls answered / cut by the restart "
+    print("| accepted (async) | completed | cancelled | failed | lost | blocking calls answered / unanswered (restart) "
           "| refused | /progress p50 / p99 (n) | peak RSS |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     refused = ", ".join(f"{count}x {code}" for code, count in sorted(tally.refused.items())) or "0"
