@@ -270,7 +270,7 @@ def _check_image_lists(body: dict[str, Any]) -> None:
     if isinstance(images, list):
         for index, image in enumerate(images):
             if not isinstance(image, str) or not image:
-                raise BadRequest(f"init_images[{index}] must be a base64-encoded picture, got "
+                raise BadRequest(f"init_images[{index}] must be base64-encoded image bytes, got "
                                  f"{json.dumps(image)[:40]}")
 
 

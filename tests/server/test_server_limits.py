@@ -47,7 +47,7 @@ def _png(width: int, height: int) -> bytes:
 @pytest.mark.parametrize("entry", [None, 7, "", {"image": "x"}])
 def test_an_init_images_entry_that_is_not_a_picture_is_a_400(url, entry):
     code, answer = call(f"{url}/sdapi/v1/img2img", {**IMG2IMG, "init_images": [entry]})
-    assert code == 400 and answer["error"].startswith("init_images[0] must be a base64-encoded picture"), answer
+    assert code == 400 and answer["error"].startswith("init_images[0] must be base64-encoded image bytes, got "), answer
 
 
 @pytest.mark.parametrize("size, words", [
