@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
+
+# OpenMP's threads sleep when they wait instead of spinning: spinning threads take the CPU that the working ones
+# (and the machine's other work) need, 15-60x slower on a busy 2-core machine (docs/reliability.md). Set before
+# torch starts its pool; a program that imported torch first, or set the variable, keeps its own.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 _EXPORTS = {
     "load_dit": "anima_rknn.model.io",

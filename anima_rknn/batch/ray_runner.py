@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -149,28 +152,42 @@ class RayRunner:
         self.resources = resources or parse_resources(None)
         self.max_workers, self.local_cpus, self.on_dispatch, self.warn = max_workers, local_cpus, on_dispatch, warn
         self.checkpoint_every = checkpoint_every
+        self.temp_dir: str | None = None  # a local cluster's session folders: ours, removed when it ends
 
     def __enter__(self) -> RayRunner:
         """Connects and counts the worker slots, so that a cluster that cannot run the batch is refused before
         anything is written."""
         ray = self.ray
         _check_reachable(self.address)
+        local = self.address == LOCAL
+        if local:  # a short path: Ray's sockets live in it, and a Unix socket's path is at most 107 bytes
+            self.temp_dir = tempfile.mkdtemp(prefix="anima-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
+        # Ray's own processes log in C++ to this terminal (SIGTERM notices as the cluster stops): only fatal
+        # lines; what happened to a worker is said in this program's own lines.
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
         try:
             ray.init(address=self.address,  # "local" starts a new cluster even where `ray start` runs one
-                     num_cpus=self.local_cpus if self.address == LOCAL else None,
+                     num_cpus=self.local_cpus if local else None, _temp_dir=self.temp_dir,
                      include_dashboard=False, log_to_driver=False, logging_level="ERROR")
         except ConnectionError as e:
+            self._remove_temp_dir()
             raise AnimaError(f"no Ray cluster at {self.address!r} ({_first_line(e)}): start one with "
                              "`ray start --head`, or pass --ray local") from None
         self.count = min(slots(ray.nodes(), self.resources), self.max_workers or 2**31)
         if self.count == 0:
-            ray.shutdown()
+            self.__exit__()
             raise AnimaError(f"no node of the Ray cluster has the resources {json.dumps(self.resources)} "
                              "for one worker (see `ray status`)")
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.ray.shutdown()  # the actors belong to this driver: they end with it
+        self._remove_temp_dir()
+
+    def _remove_temp_dir(self) -> None:
+        if self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            self.temp_dir = None
 
     def _start_workers(self) -> list[Any]:
         actor = self.ray.remote(**_actor_options(self.resources))(RemoteWorker)
@@ -231,6 +248,9 @@ class RayRunner:
                 outcome = ray.get(ref)
             except RayActorError:  # the worker died mid-job: the job is run again, on whoever is free first
                 attempts[job.id] = attempts.get(job.id, 0) + 1
+                self.warn(f"worker {names.get(actor, '?')} died while running job {job.id} (attempt "
+                          f"{attempts[job.id]} of {JOB_ATTEMPTS}); "
+                          + ("it runs again" if attempts[job.id] < JOB_ATTEMPTS else "it is recorded as failed"))
                 if attempts[job.id] < JOB_ATTEMPTS:
                     pending.appendleft(job)
                 else:

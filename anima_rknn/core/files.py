@@ -7,6 +7,9 @@
 3. Temporaries never outlive an exception, Ctrl-C or SIGTERM (the CLI turns SIGTERM into an exception), and a
    published file is flushed to the disk first, so a power cut leaves the old file or the new one, whole.
 4. Names are checked before any work starts: suffix, length (with the temporary's longer name), folder.
+5. Space is part of the check: a write whose size is known is refused before it starts when the disk cannot take
+   it, and a disk that fills up anyway (or a file size limit) is one line naming the file, the space it needed and
+   the space there was.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ _TEMP_PREFIX, _TEMP_SUFFIX = ".", ".part"
 _TEMP_EXTRA = len(_TEMP_PREFIX) + 1 + 8 + len(_TEMP_SUFFIX)
 # File systems that cannot hard-link (FAT on SD cards and USB sticks) answer with one of these.
 _NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
+# A disk (or a quota) that is full, or a file size limit (ulimit -f) reached.
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 def cache_dir() -> Path:
@@ -130,18 +135,78 @@ def _publish(tmp: Path, target: Path, overwrite: bool) -> None:
             raise
 
 
+def human_size(size: int) -> str:
+    """`size` bytes for a person: 812 bytes, 3.4 KiB, 17.0 MiB, 2.31 GiB."""
+    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if size >= 1 << shift:
+            return f"{size / (1 << shift):.{2 if shift == 30 else 1}f} {unit}"
+    return f"{size} bytes"
+
+
+def free_space(folder: str | os.PathLike) -> int:
+    """Bytes free to this user in `folder` (or the nearest folder above it that exists)."""
+    folder = Path(folder).absolute()
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:  # cannot tell: nothing is refused on a guess
+        return 1 << 62
+
+
+def check_space(folder: str | os.PathLike, needed: int, what: str) -> None:
+    """Refuse, before any work, `what` that needs about `needed` bytes in `folder` where less is free."""
+    free = free_space(folder)
+    if needed > free:
+        raise AnimaError(f"{what} needs about {human_size(needed)} in {folder}, and only {human_size(free)} is free "
+                         "there: free some space or choose another folder")
+
+
+def parameter_bytes(modules: Iterable[Any], bytes_each: int) -> int:
+    """About the bytes of the modules' tensors (parameters and buffers) stored at `bytes_each` bytes a number, with
+    a little for the files' own structure: a long writer's estimate of what it will write."""
+    numbers = sum(t.numel() for module in modules for t in module.state_dict().values())
+    return numbers * bytes_each * 21 // 20 + (1 << 20)
+
+
+def _file_size_limit() -> int | None:
+    try:
+        import resource
+    except ImportError:
+        return None
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if limit == resource.RLIM_INFINITY else limit
+
+
+def _write_error(e: OSError, target: Path, *, written: int = 0, size: int | None = None) -> AnimaError:
+    """The one line for a write of `target` that failed with `e`; for a full disk or a file size limit it says
+    how much the file needed (`size` when known, else at least the `written` bytes) and how much there was."""
+    reason = e.strerror or str(e)
+    if e.errno not in _NO_SPACE:
+        return AnimaError(f"cannot write {target}: {reason}")
+    needed = f"about {human_size(size)}" if size else f"more than the {human_size(written)} written"
+    limit = _file_size_limit()
+    room = (f"the file size limit is {human_size(limit)}" if e.errno == errno.EFBIG and limit is not None
+            else f"{human_size(free_space(_folder_of(target)) + written)} was free there")
+    return AnimaError(f"cannot write {target}: {reason} (it needs {needed}; {room})")
+
+
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, *, overwrite: bool, durable: bool = True) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, *, overwrite: bool, durable: bool = True,
+                size: int | None = None) -> Iterator[Path]:
     """Yield a temporary path beside `path`; publish it as `path` only if the block succeeds.
 
     Without `overwrite` an existing `path` is never replaced, even one that appears while the block runs.
-    A write error (disk full, file too large, read-only file system) becomes one AnimaError line. `durable`
-    flushes the file to the disk around the publish (off only for scratch files rewritten every step).
+    A write error (disk full, file too large, read-only file system) becomes one AnimaError line (_write_error).
+    `durable` flushes the file to the disk around the publish (off only for scratch files rewritten every step).
+    `size`: the file's expected size, if known: refused up front when the disk has not that much free.
     """
     target = _check_target(path, overwrite)
     folder = _folder_of(target)
     if not folder.is_dir():
         raise AnimaError(f"cannot write {target}: folder {folder} does not exist")
+    if size is not None:
+        check_space(folder, size, f"writing {target}")
     tmp: Path | None = None
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{target.name}.", suffix=_TEMP_SUFFIX, dir=folder)
@@ -155,7 +220,8 @@ def atomic_path(path: str | os.PathLike, *, overwrite: bool, durable: bool = Tru
         if durable:
             _sync(folder)
     except OSError as e:
-        raise AnimaError(f"cannot write {target}: {e.strerror or e}") from None
+        written = tmp.stat().st_size if tmp is not None and tmp.exists() else 0
+        raise _write_error(e, target, written=written, size=size) from None
     finally:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
@@ -179,12 +245,16 @@ def exclusive_lock(path: Path) -> Iterator[None]:
 def replaced_folder(folder: Path) -> Iterator[Path]:
     """Yield a fresh hidden staging folder beside `folder` (not yet made) for the block to fill; when the block
     succeeds it takes `folder`'s place whole, replacing what was there. A failed block, or a process killed at any
-    moment, never leaves a half-written `folder`: its leftovers are hidden and cleared by the next attempt. One
-    writer at a time: hold exclusive_lock around it."""
+    moment, never leaves a half-written `folder`: a failed block's staging folder is removed, a killed one's is
+    hidden and cleared by the next attempt. One writer at a time: hold exclusive_lock (or held_folder) around it."""
     staging, stale = (folder.with_name(f".{folder.name}.{kind}") for kind in ("staging", "stale"))
     for leftover in (staging, stale):  # a killed attempt's
         shutil.rmtree(leftover, ignore_errors=True)
-    yield staging
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     if folder.exists():
         folder.rename(stale)
     staging.rename(folder)

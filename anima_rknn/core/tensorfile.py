@@ -263,11 +263,19 @@ def check_shapes(found: Mapping[str, Sequence[int]], expected: Mapping[str, Sequ
 
 def save_tensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike,
                  metadata: Mapping[str, str] | None = None, *, overwrite: bool = True) -> None:
-    """A safetensors file, published whole (atomic_path); a failed write (a full disk, a file size limit) is one
-    line naming the file, and leaves nothing."""
-    try:
-        with atomic_path(path, overwrite=overwrite) as tmp:
-            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=dict(metadata or {}))
-    except SafetensorError as e:  # safetensors' writer reports the system's error as its own
-        reason = str(e).partition("\n")[0].removeprefix("Error while serializing: ").removeprefix("I/O error: ")
-        raise AnimaError(f"cannot write {path}: {re.sub(r' [(]os error [0-9]+[)]$', '', reason)}") from None
+    """A safetensors file, published whole (atomic_path, refused up front when the disk cannot take its size); a
+    failed write (a full disk, a file size limit) is one line naming the file and the space, and leaves nothing."""
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    size = sum(t.numel() * t.element_size() for t in tensors.values()) + 64 * len(tensors) + (8 << 10)
+    with atomic_path(path, overwrite=overwrite, size=size) as tmp:
+        try:
+            save_file(tensors, str(tmp), metadata=dict(metadata or {}))
+        except SafetensorError as e:  # safetensors' writer reports the system's error as its own
+            raise _os_error(str(e)) from None
+
+
+def _os_error(message: str) -> OSError:
+    """The OSError behind a SafetensorError's text ("I/O error: No space left on device (os error 28)")."""
+    reason = message.partition("\n")[0].removeprefix("Error while serializing: ").removeprefix("I/O error: ")
+    code = re.search(r" [(]os error ([0-9]+)[)]$", reason)
+    return OSError(int(code[1]) if code else None, re.sub(r" [(]os error [0-9]+[)]$", "", reason))

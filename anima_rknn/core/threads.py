@@ -6,7 +6,13 @@ slowest, and a second hardware thread of one core adds little to matmul-bound wo
 (cpufreq's cpuinfo_max_freq, topology's thread siblings), within the CPUs this process may run on.
 
 ONNX Runtime's pool threads spin while waiting for work by default; on a machine busy with other processes the
-spinning threads take the CPU the working ones need (benchmarks/threads.py), so sessions are made without it.
+spinning threads take the CPU the working ones need (benchmarks/threads.py), so sessions are made without it, and
+OpenMP's (torch's) wait passively (anima_rknn/__init__.py sets OMP_WAIT_POLICY=PASSIVE before torch starts).
+
+The default is load-aware too: the cores that the machine's other work leaves idle (its 1-minute load average
+subtracted), at least one, read when a run starts. A step split over threads waits for the slowest at every
+operation, and a thread that shares its core with other work is often not running: on a machine whose other work
+uses every core, one thread is several times faster than two (benchmarks/threads_loaded.py).
 """
 
 from __future__ import annotations
@@ -80,15 +86,30 @@ def auto_threads(root: Path = SYSFS_CPU, allowed: Iterable[int] | None = None) -
 
 
 @functools.lru_cache(maxsize=1)
+def _cores() -> int:
+    return auto_threads()
+
+
+def idle_cores(cores: int, load: float | None = None) -> int:
+    """Of `cores`, those the machine's other work leaves idle by its 1-minute load average (`load`, default
+    os.getloadavg's), rounded to the nearest; at least 1."""
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (OSError, AttributeError):  # no load average here: every core
+            load = 0.0
+    return max(1, min(cores, round(cores - load)))
+
+
 def _auto() -> int:
     omp = os.environ.get("OMP_NUM_THREADS", "").strip()
-    return int(omp) if omp.isdigit() and int(omp) >= 1 else auto_threads()
+    return int(omp) if omp.isdigit() and int(omp) >= 1 else idle_cores(_cores())
 
 
 def resolve_threads(threads: int | None) -> int | None:
     """A threads setting as the number that runs: AUTO_THREADS -> OMP_NUM_THREADS where it is set (the usual
-    way to size a CPU program), else auto_threads() (this machine's cores); any other value as it is (None: as
-    torch is set when the run starts; validate() checks the rest)."""
+    way to size a CPU program), else idle_cores() of auto_threads() (this machine's cores that other work leaves
+    idle now); any other value as it is (None: as torch is set when the run starts; validate() checks the rest)."""
     if threads == AUTO_THREADS and not isinstance(threads, bool):
         return _auto()
     return threads

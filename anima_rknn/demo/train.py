@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import check_int
-from ..core.files import check_name, held_folder, output_folder, write_json
+from ..core.files import check_name, check_space, held_folder, output_folder, parameter_bytes, write_json
 from ..core.tensorfile import load_tensors, read_metadata, save_tensors
 from ..core.threads import AUTO_THREADS, MAX_THREADS, resolve_threads, use_threads
 from ..errors import AnimaError
@@ -271,6 +271,15 @@ def _write_text_side(out: Path, work: Path, config: DemoConfig, replace: Callabl
                       vae=out / LAYOUT["vae"] / VAE_FILE, qwen_tokenizer=qwen_dir, t5_tokenizer=t5_dir)
 
 
+def estimated_size(config: DemoConfig) -> int:
+    """About the bytes a run writes at its peak: per trained number its checkpoint's float32 weights, EMA copy and
+    two Adam moments, twice while a checkpoint replaces the last, and the set's bfloat16 copy; the frozen text
+    encoder is small beside them."""
+    with torch.device("meta"):
+        models = AnimaDiT(config.dit), WanVAE(WanVAEConfig(dim=config.vae_dim, num_res_blocks=config.vae_res_blocks))
+    return parameter_bytes(models, 2 * 16 + 2)
+
+
 def train_demo(out: str | Path, config: DemoConfig = DemoConfig(), threads: int = AUTO_THREADS,
                overwrite: bool = False) -> dict[str, StageResult]:
     """Train (or resume) the demo model set into `out` (model-directory layout; work files in out/.train).
@@ -283,6 +292,7 @@ def train_demo(out: str | Path, config: DemoConfig = DemoConfig(), threads: int 
     config.validate()
     check_int("threads", threads, AUTO_THREADS, MAX_THREADS)
     out = check_name(out)  # before anything looks at it: a name too long is an OSError there
+    check_space(out.parent, estimated_size(config), "train-demo")  # before minutes of training
     holds = "a model set" if (out / "split_files").exists() else "other files"
     work = out / train_state.WORK_FOLDER
     resumable = str(Path(work.name) / train_state.CONFIG_FILE)

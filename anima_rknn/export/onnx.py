@@ -18,7 +18,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm import tqdm
 
-from ..core.files import atomic_path, cached_sha256, check_name, held_folder, sha256_file, write_json
+from ..core.files import (
+    atomic_path,
+    cached_sha256,
+    check_name,
+    check_space,
+    held_folder,
+    parameter_bytes,
+    sha256_file,
+    write_json,
+)
 from ..errors import AnimaError
 from ..model.config import DiTConfig
 from ..model.io import load_dit, read_dit_config
@@ -107,6 +116,7 @@ def export_subgraphs(dit_path: Path, width: int, height: int, out_dir: Path, dty
     dit = load_dit(dit_path, DTYPES[dtype], loras=opened)
     config = dit.config
     names = [f"{subgraph_name(index)}.onnx" for index in range(3 * config.blocks)]
+    check_space(out_dir, parameter_bytes(dit.blocks, DTYPES[dtype].itemsize), "the subgraph set")
     # Held for the whole export (a second export into the folder is refused); without --overwrite the folder is
     # empty, so nothing is replaced, not even a file that appears there meanwhile.
     with held_folder(lambda: open_set_folder(out_dir, overwrite=overwrite, names=names)):

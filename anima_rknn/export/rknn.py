@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
-from ..core.files import atomic_path, cached_sha256, held_folder, link_or_copy, sha256_file, write_json
+from ..core.files import atomic_path, cached_sha256, check_space, held_folder, link_or_copy, sha256_file, write_json
 from ..errors import AnimaError
 from .manifest import (
     MANIFEST,
@@ -193,6 +193,8 @@ def convert_subgraphs(
         check_file(source_dir / entry["file"], entry["sha256"])
     onnx_names = [entry["file"] for entry in source["subgraphs"]]
     rknn_names = [rknn_name(name) for name in onnx_names]
+    # Each .rknn is about its graph's size; the graphs come as hard links (no space) where the disk allows.
+    check_space(out_dir, sum((source_dir / name).stat().st_size for name in onnx_names), "the converted set")
 
     def folder() -> Path:
         return open_set_folder(out_dir, overwrite=overwrite, names=[*onnx_names, *rknn_names, PROGRESS_FILE],

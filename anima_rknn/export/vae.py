@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..core.files import cached_sha256, held_folder, write_json
+from ..core.files import cached_sha256, check_space, held_folder, write_json
 from ..core.tensorfile import read_shapes
 from ..errors import AnimaError
 from ..vae import load_vae, read_vae_config
@@ -117,6 +117,8 @@ def export_vae_decoder(vae_path: Path, out_dir: Path, tile: int = DEFAULT_TILE, 
     check_tile(read_vae_config(vae_path), tile, overlap)
     if encoder and not has_encoder(vae_path):
         raise AnimaError(f"{vae_path.name} holds the VAE decoder alone, no encoder: export without --encoder")
+    # Float32 graphs of (at most) every weight of the file: twice its bfloat16 bytes; checked before the calibration.
+    check_space(out_dir, 2 * vae_path.stat().st_size + (1 << 20), "the VAE set")
     # before touching out_dir: a bad VAE file leaves it as it was
     peak: float | None = None
     scale = 1.0

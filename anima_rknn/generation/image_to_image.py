@@ -21,7 +21,10 @@ from PIL import Image
 from ..errors import AnimaError
 from ..sampling.inpaint import Inpaint
 from .images import (
+    MAX_IMAGE_PIXELS,
     blur_mask,
+    check_resize,
+    inside,
     expand_box,
     fill_masked,
     latent_mask,
@@ -48,8 +51,34 @@ class Source:
     box: tuple[int, int, int, int] | None  # where an only-masked crop came from in the original
 
 
+def check_sizes(params: GenerationParams) -> None:
+    """Every picture the run's resizes, outpainting and hires fix make on the way, bounded from the images'
+    headers and the settings alone, before a pixel is decoded (check_resize's bound): one AnimaError line naming
+    the step and the limit."""
+    if params.init_image is not None:
+        width, height = params.init_image.size()
+        if params.mask is not None:
+            params.mask.size()  # its header's bounds
+        if params.outpaint is not None:
+            left, top, right, bottom = params.outpaint
+            width, height = width + left + right, height + top + bottom
+            if width * height > MAX_IMAGE_PIXELS:
+                raise AnimaError(f"the outpainted canvas {width}x{height} is more than {MAX_IMAGE_PIXELS} pixels")
+        if params.inpaint_area != "masked" or (params.mask is None and params.outpaint is None):
+            check_resize((width, height), (params.width, params.height), params.resize_mode, "the init image")
+    if params.hires:
+        target = params.hires_size()
+        if params.hires_upscaler == "lanczos":
+            check_resize((params.width, params.height), target, "crop_and_resize", "the hires fix")
+        else:  # the latent is interpolated to cover the hires size: bounded in the pixels it stands for
+            cover = _cover(params.width // 8, params.height // 8, target[0] // 8, target[1] // 8)
+            check_resize((params.width, params.height), (cover[0] * 8, cover[1] * 8), "just_resize", "the hires fix")
+
+
 def prepare_source(params: GenerationParams) -> Source | None:
-    """The run's Source (None without an init image); a bad image or mask is one AnimaError line."""
+    """The run's Source (None without an init image), every size on the way checked first (check_sizes); a bad
+    image or mask is one AnimaError line."""
+    check_sizes(params)
     if params.init_image is None:
         return None
     width, height = params.width, params.height
@@ -73,10 +102,11 @@ def prepare_source(params: GenerationParams) -> Source | None:
         box = expand_box(mask_box(blurred, params.inpaint_padding), width, height, image.width, image.height)
         work = image.crop(box).resize((width, height), Image.Resampling.LANCZOS)
         work_mask = blurred.crop(box).resize((width, height), Image.Resampling.LANCZOS)
-        return Source(_filled(work, work_mask, params), work_mask, image, blurred, box)
+        return Source(_filled(work, work_mask, params), work_mask, image, inside(blurred, mask), box)
     work = resize_image(image, width, height, params.resize_mode)
-    work_mask = blur_mask(resize_image(mask, width, height, params.resize_mode), params.mask_blur)
-    return Source(_filled(work, work_mask, params), work_mask, work, work_mask, None)
+    sharp = resize_image(mask, width, height, params.resize_mode)
+    work_mask = blur_mask(sharp, params.mask_blur)
+    return Source(_filled(work, work_mask, params), work_mask, work, inside(work_mask, sharp), None)
 
 
 def _filled(image: Image.Image, mask: Image.Image, params: GenerationParams) -> Image.Image:

@@ -30,6 +30,12 @@ from ..errors import AnimaError
 
 MAX_IMAGE_BYTES = 64 << 20  # a file or upload larger than this is refused before decoding
 MAX_IMAGE_PIXELS = 8192 * 8192  # decompression-bomb bound: refused from the header, before decoding
+# A side longer than this is refused from the header too: a 1 x 65535 picture passes the pixel bound, but a resize
+# of it to cover a square makes a 64 x 4-million-pixel one on the way.
+MAX_IMAGE_SIDE = 16384
+# The largest picture a resize may make on its way (Pillow resizes across, then down: out_width x in_height),
+# as many pixels as the largest input, so that no resize holds more than the input bound does.
+MAX_RESIZE_PIXELS = MAX_IMAGE_PIXELS
 RESIZE_MODES = ("just_resize", "crop_and_resize", "resize_and_fill")  # A1111's resize_mode 0, 1, 2
 MASKED_CONTENT = ("fill", "original", "latent_noise", "latent_nothing")  # A1111's inpainting_fill 0..3
 INPAINT_AREAS = ("whole", "masked")  # A1111's inpaint_full_res false / true
@@ -103,6 +109,9 @@ def _header(data: bytes, name: str) -> tuple[Image.Image, int]:
         raise _refused(name, f"unreadable ({_reason(e)})") from None
     if image.width * image.height > MAX_IMAGE_PIXELS:
         raise _too_many_pixels(name)
+    if max(image.size) > MAX_IMAGE_SIDE:
+        raise _refused(name, f"{image.width}x{image.height} has a side over {MAX_IMAGE_SIDE} px, refused before "
+                             "decoding")
     return image, orientation
 
 
@@ -265,6 +274,7 @@ def resize_image(image: Image.Image, width: int, height: int, mode: str) -> Imag
     check_choice("resize mode", mode, RESIZE_MODES)
     check_int("resize width", width, 1)
     check_int("resize height", height, 1)
+    check_resize(image.size, (width, height), mode)
     if mode == "just_resize":
         return image.resize((width, height), Image.Resampling.LANCZOS)
     # Which side decides, by cross-multiplying (no float ratios): wider = the picture is wider than the target.
@@ -301,10 +311,39 @@ def resize_image(image: Image.Image, width: int, height: int, mode: str) -> Imag
     return result
 
 
+def _sizes_on_the_way(size: tuple[int, int], target: tuple[int, int], mode: str) -> list[tuple[int, int]]:
+    """The pictures resize_image makes going from `size` to `target`: the scaled one, and Pillow's half-way one
+    (it resizes across, then down: scaled width x input height)."""
+    (in_w, in_h), (width, height) = size, target
+    if mode == "crop_and_resize":  # scaled to cover (as resize_image computes it)
+        scaled = (in_w * height // in_h, height) if in_w * height > width * in_h else (width, in_h * width // in_w)
+    else:  # just_resize, and resize_and_fill's scaled-to-fit picture, never larger than the target
+        scaled = target
+    return [scaled, (scaled[0], in_h), target]
+
+
+def check_resize(size: tuple[int, int], target: tuple[int, int], mode: str = "just_resize",
+                 what: str = "the picture") -> None:
+    """Refuse, before any pixel is touched, a resize from `size` to `target` that would make a picture of more than
+    MAX_RESIZE_PIXELS pixels on its way (a 1 x 16384 picture covering 64 x 64 is first 64 x 1 million)."""
+    for w, h in _sizes_on_the_way(size, target, mode):
+        if w * h > MAX_RESIZE_PIXELS:
+            raise AnimaError(f"{what}: resizing {size[0]}x{size[1]} to {target[0]}x{target[1]} ({mode}) would make "
+                             f"a {w}x{h} picture on the way, over {MAX_RESIZE_PIXELS} pixels; choose a size nearer "
+                             "its shape")
+
+
 def blur_mask(mask: Image.Image, radius: int) -> Image.Image:
     """A1111's mask blur: Gaussian, radius `radius` px (0: unchanged)."""
     check_int("mask blur", radius, 0)
     return mask.filter(ImageFilter.GaussianBlur(radius)) if radius else mask
+
+
+def inside(blurred: Image.Image, mask: Image.Image) -> Image.Image:
+    """The blurred mask kept to where `mask` is not 0: the soft edge falls inside the mask, and every pixel outside
+    it pastes back as the original's exactly (the mask blur would otherwise blend 8 px of the original around an
+    outpainting's old edges)."""
+    return Image.composite(blurred, Image.new("L", mask.size, 0), mask.convert("L").point([0] + [255] * 255))
 
 
 def _require_same_size(what: str, image: Image.Image, base: Image.Image) -> None:

@@ -223,6 +223,9 @@ class AnimaPipeline:
                              else params.hires_subgraphs, width=denoise_pass.width, height=denoise_pass.height,
                              dit_path=self.files.dit, rknn=params.rknn)
         cfg, probing = params.cfg, cache.needs_probe
+        if resume is not None:  # counted over the same span as the steps (the cache's, the whole run's)
+            engine.passes = len(cache.computed_steps) * (1 + (cfg != 1.0))
+            engine.subgraph_runs = engine.passes * 3 * len(dit.blocks)
         if probing:
             cache.attach_probe(FirstBlockProbe(engine, conditioning.positive))
 

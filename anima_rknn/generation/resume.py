@@ -203,7 +203,11 @@ def _field(record: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> 
 def read_state(path: str | os.PathLike) -> ResumeState:
     """A state written by write_state, every value checked; anything else is one AnimaError line."""
     path = Path(path)
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError as e:  # a name too long (ENAMETOOLONG), a folder that cannot be searched: not a False
+        raise AnimaError(f"resume state {shown(str(path), 80)}: cannot read it: {e.strerror or e}") from None
+    if not found:
         raise AnimaError(f"resume state not found: {path}")
     try:
         record = json.loads(read_metadata(path, "resume state", dtypes=("F32",)).get(STATE_KEY, "null"))

@@ -315,7 +315,8 @@ def named_lora(name: str, scale: float, lora_dir: Path | None) -> LoraRef:
         raise AnimaError(f"LoRA {name!r} asked for by name: the folder of LoRAs is not set (--lora-dir DIR)")
     path = Path(lora_dir) / f"{name}.safetensors"
     if not path.is_file():
-        raise AnimaError(f"LoRA {name!r}: no {path.name} in {lora_dir}")
+        # The folder is not named: a server's error goes to its clients, who choose LoRAs by name only.
+        raise AnimaError(f"LoRA {name!r}: no {path.name} in the LoRA folder (--lora-dir)")
     return LoraRef(path, scale)
 
 

@@ -56,7 +56,7 @@ from ..generation.params import REQUEST_FIELDS, GenerationParams, build, default
 from ..model.lora import LoraRef, named_lora
 from . import a1111, native, openai, page
 from .compare import NotReady
-from .jobs import ImageGone, Job, JobBusy, JobQueue, QueueFull, StoreError
+from .jobs import ImageGone, Job, JobBusy, JobQueue, QueueFull, ServerBusy, StoreError
 from .models import Models, ServedModel
 from .requests import (
     MAX_IMAGE_BODY_BYTES,
@@ -104,7 +104,7 @@ def _error_status(e: AnimaError) -> int:
     """The HTTP status of a refusal that reaches the app's handler: 4xx for the request, 5xx for the store."""
     if isinstance(e, StoreError):
         return e.status  # 507: a full disk, 503: a store made read-only under the server
-    return {QueueFull: 429, ImageGone: 410, JobBusy: 409}.get(type(e), 400)
+    return {QueueFull: 429, ImageGone: 410, JobBusy: 409, ServerBusy: 503}.get(type(e), 400)
 
 
 def _kind_details(kind: str) -> dict[str, Any]:
@@ -342,7 +342,9 @@ class Server:
         # Starlette answers with the handler of the nearest class in the error's MRO: NotReady, an AnimaError, is a 409.
         @app.exception_handler(AnimaError)
         async def anima_error(request: Request, e: AnimaError) -> JSONResponse:
-            return error_answer(request, str(e), _error_status(e))
+            status = _error_status(e)
+            # A 503 (busy, or a store that cannot be written now) passes: the client is told when to try again.
+            return error_answer(request, str(e), status, headers={"Retry-After": "2"} if status == 503 else None)
 
         @app.exception_handler(RequestValidationError)
         async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:

@@ -32,7 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import is_number, shown
-from ..core.files import Unreadable, output_folder, read_small_file, write_bytes
+from ..core.files import (
+    Unreadable,
+    free_space,
+    human_size,
+    is_temporary,
+    output_folder,
+    read_small_file,
+    write_bytes,
+)
 from ..errors import AnimaError
 from ..generation.images import MAX_IMAGE_BYTES, ImageInput
 from ..generation.params import IMAGE_SETTINGS, SETTINGS, GenerationParams, settings_of
@@ -58,6 +66,15 @@ log = logging.getLogger(__name__)
 
 class QueueFull(AnimaError):
     """The queue holds its maximum of waiting jobs."""
+
+
+class ServerBusy(AnimaError):
+    """A 503 with Retry-After: the server is reading or decoding as many large bodies as it takes at once."""
+
+
+# Pictures checked (decoded whole) at once by submits: each holds its decoded pixels, up to 256 MiB for the largest.
+MAX_DECODES = 2
+DECODE_WAIT_S = 10.0  # how long a submit waits for a turn before it is told to come back
 
 
 class StoreError(AnimaError):
@@ -91,6 +108,24 @@ def _disk_full(e: BaseException | None) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
+
+
+def _is_own_folder(path: Path) -> bool:
+    """A folder itself, not a link to one."""
+    return path.is_dir() and not path.is_symlink()
+
+
+def _own_folder(path: Path) -> None:
+    """`path` as a folder of the data folder's own, made if missing; a link (never followed) or a file there is
+    refused in one line."""
+    if path.is_symlink():
+        raise AnimaError(f"{path} is a symbolic link; the server follows no links in its data folder: remove it")
+    if path.exists() and not path.is_dir():
+        raise AnimaError(f"{path} is not a folder; the server keeps its uploads there: move it away")
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError as e:
+        raise AnimaError(f"cannot create {path}: {e.strerror or e}") from None
 
 
 @dataclasses.dataclass
@@ -165,12 +200,17 @@ class JobQueue:
         self.data_dir = output_folder(data_dir, overwrite=False, holds="other files", resumable=STORE)
         self.projection = projection_for(pipeline.files.vae)
         self._lock = threading.Condition()
+        self._decodes = threading.BoundedSemaphore(MAX_DECODES)
         self._jobs: dict[str, Job] = {}
         self._waiting: deque[Job] = deque()
         self.current: Job | None = None
+        if (self.data_dir / STORE).is_symlink():
+            raise AnimaError(f"{self.data_dir / STORE} is a symbolic link; the server follows no links in its data "
+                             "folder: remove it")
         self._db = self._open_store(self.data_dir / STORE)
         self.inputs = self.data_dir / INPUTS
-        self.inputs.mkdir(exist_ok=True)
+        _own_folder(self.inputs)
+        self._remove_temporaries()
         self._load()
         self._prune()
         self._stopping = False
@@ -298,6 +338,9 @@ class JobQueue:
 
     def _keep_inputs(self, params: GenerationParams) -> None:
         """The job's uploaded images on disk, by sha256 (an image already there is the same bytes)."""
+        if image_inputs(params) and not _is_own_folder(self.inputs):
+            raise StoreError(f"the server's data folder holds a {INPUTS} that is not a plain folder (a link?): it "
+                             "keeps no uploads there", 503)
         for image in image_inputs(params):
             if not self._input_path(image).is_file():
                 try:
@@ -308,6 +351,26 @@ class JobQueue:
                     raise StoreError("the server cannot keep the uploaded image now ("
                                      f"{'the disk is full' if full else 'it cannot write its data folder'})",
                                      507 if full else 503) from None
+
+    def _remove_temporaries(self) -> None:
+        """The temporaries of writes that a killed server left (a kill -9 mid-PNG: never a partial PNG, since a file
+        is published whole by a rename, but its hidden temporary stays): the data folder is the server's own."""
+        for folder in (self.data_dir, self.inputs):
+            for path in folder.iterdir():
+                if is_temporary(path) and path.is_file() and not path.is_symlink():
+                    path.unlink(missing_ok=True)
+
+    def _check_space(self, batch: list[GenerationParams]) -> None:
+        """Refuse (507) jobs whose pictures, uploads and resume states the data folder has no room for now: at most
+        3 bytes a pixel for a PNG, and a state's float latent and noise (16 channels a 8 x 8 patch, 4 bytes each)."""
+        needed = 0
+        for params in batch:
+            last = params.passes()[-1]
+            needed += last.width * last.height * (3 + 2) + sum(len(image.data or b"") for image in image_inputs(params))
+        free = free_space(self.data_dir)
+        if needed > free:
+            raise StoreError(f"the server's disk is full: {len(batch)} job(s) need about {human_size(needed)}, and "
+                             f"{human_size(free)} is free", 507)
 
     def with_inputs(self, params: GenerationParams) -> GenerationParams:
         """`params` with its fingerprint-only images given their bytes from the inputs folder."""
@@ -330,7 +393,11 @@ class JobQueue:
 
     def _remove_unused_inputs(self) -> None:
         """Every input that no unfinished job needs, nor a recent completed one (whose twin a compare may queue);
-        finished jobs keep their images by fingerprint only, in memory and in their records."""
+        finished jobs keep their images by fingerprint only, in memory and in their records. An inputs folder
+        replaced by a link (or anything but a folder) since the start is left alone: never emptied through it."""
+        if not _is_own_folder(self.inputs):
+            log.warning("the data folder's %s is no longer a plain folder: nothing removed from it", INPUTS)
+            return
         with self._lock:
             recent = {job.id for job in self.recent() if job.state == "completed"}
             needed = {self._input_path(image).name for job in self._jobs.values()
@@ -384,12 +451,13 @@ class JobQueue:
     def submit_all(self, batch: list[GenerationParams], model: str | None = None) -> list[Job]:
         """Queue every job of a request, or none: a batch that does not fit is refused whole. `model`: the
         served model they run on (None: the queue's first)."""
+        self._check_space(batch)  # first: checking a request may take seconds (a VAE probe)
         model = model if model is not None or not self.models else next(iter(self.models))
         pipeline = self.pipeline_for(model)
         checked: list[GenerationParams] = []  # a request's jobs differ in their seeds: its images are read once
         for params in batch:
             if (unseeded := dataclasses.replace(params, seed=0)) not in checked:
-                pipeline.prepare(params)  # every setting checked now: a bad request is a 400, not a failed job
+                self._checked(pipeline, params)
                 checked.append(unseeded)
         jobs = [Job(secrets.token_hex(8), params, time.time(), model=model) for params in batch]
         with self._lock:
@@ -409,6 +477,19 @@ class JobQueue:
             self._lock.notify_all()
         self._prune()
         return jobs
+
+    def _checked(self, pipeline: AnimaPipeline, params: GenerationParams) -> None:
+        """Every setting checked now (a bad request is a 400, not a failed job), its pictures decoded with at most
+        MAX_DECODES others; a submit that finds no turn within DECODE_WAIT_S is ServerBusy."""
+        if not image_inputs(params):
+            pipeline.prepare(params)
+            return
+        if not self._decodes.acquire(timeout=DECODE_WAIT_S):
+            raise ServerBusy(f"the server is decoding {MAX_DECODES} pictures already; try again shortly")
+        try:
+            pipeline.prepare(params)
+        finally:
+            self._decodes.release()
 
     def get(self, job_id: str) -> Job | None:
         return self._jobs.get(job_id)

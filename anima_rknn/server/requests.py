@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import dataclasses
 import json
 import re
 from collections.abc import AsyncIterator
@@ -22,14 +24,16 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from ..checks import is_integer, is_number, is_whole_number, shown
+from ..core.files import human_size
 from ..errors import AnimaError
 from ..generation.images import ImageInput
 from ..generation.params import MAX_SIDE, REQUEST_FIELDS, option
-from .jobs import Job, JobQueue
+from .jobs import Job, JobQueue, ServerBusy
 
 MAX_BODY_BYTES = 1 << 20  # a request without images
 # A request with images (base64 in JSON, or a multipart upload): an init image and a mask of up to ~36 MiB
@@ -40,6 +44,11 @@ IMAGE_ROUTES = ("/sdapi/v1/img2img", "/v1/images/edits", "/api/jobs", "/sdapi/v1
                 "/sdapi/v1/extra-single-image", "/sdapi/v1/extra-batch-images")
 # The request fields that carry an image (A1111's too: its tools' image and imageList)
 IMAGE_FIELDS = ("init_image", "mask", "init_images", "image", "imageList")
+# Large bodies (over MAX_BODY_BYTES: pictures) read and parsed at once, and the bytes they may hold together; a body
+# beyond either is a 503 with Retry-After, refused before it is read, so a burst of uploads cannot grow the server
+# without bound nor keep the event loop (and /progress) from answering.
+MAX_LARGE_BODIES = 2
+MAX_BYTES_IN_FLIGHT = 2 * MAX_IMAGE_BODY_BYTES
 _DATA_URL = re.compile(r"data:image/[A-Za-z0-9.+-]+(;[^,;]*)*;base64,")
 _WHITESPACE = re.compile(rb"\s+")
 
@@ -58,6 +67,37 @@ class JobNotFound(Exception):
 
 class WrongContentType(Exception):
     """A 415: the body is not of the media type its route reads."""
+
+
+@dataclasses.dataclass
+class _InFlight:
+    bodies: int = 0
+    bytes: int = 0
+
+
+_in_flight = _InFlight()  # touched on the event loop only: no lock
+
+
+@contextlib.contextmanager
+def _large_body_turn(request: Request) -> Any:
+    """A turn to read and parse a large body (its declared length, or the route's limit when none is declared),
+    or ServerBusy. Small bodies need none."""
+    try:
+        declared = int(request.headers.get("content-length") or 0)
+    except ValueError:
+        declared = 0
+    size = declared if "content-length" in request.headers else body_limit(request.url.path, request.method)
+    if size <= MAX_BODY_BYTES:
+        yield
+        return
+    if _in_flight.bodies >= MAX_LARGE_BODIES or _in_flight.bytes + size > MAX_BYTES_IN_FLIGHT:
+        raise ServerBusy(f"the server is reading {_in_flight.bodies} large request bodies "
+                         f"({human_size(_in_flight.bytes)}) already; try again shortly")
+    _in_flight.bodies, _in_flight.bytes = _in_flight.bodies + 1, _in_flight.bytes + size
+    try:
+        yield
+    finally:
+        _in_flight.bodies, _in_flight.bytes = _in_flight.bodies - 1, _in_flight.bytes - size
 
 
 def _mib(limit: int) -> str:
@@ -199,20 +239,42 @@ def _has_image(body: dict[str, Any]) -> bool:
 
 async def json_body(request: Request) -> dict[str, Any]:
     require_content_type(request, "application/json", "a JSON object")
+    with _large_body_turn(request):
+        return await _parsed(request)
+
+
+def _load_json(raw: bytearray) -> Any:
+    try:
+        return json.loads(raw or b"{}")
+    except (ValueError, RecursionError):
+        raise BadRequest("the request body is not valid JSON") from None
+
+
+async def _parsed(request: Request) -> dict[str, Any]:
     raw = await read_body(request)
     # A large body must name an image field before it is parsed: tens of MiB of JSON without one could expand to
     # gigabytes of Python objects. (After parsing, the field must also hold an image.)
     if len(raw) > MAX_BODY_BYTES and not any(f'"{field}"'.encode() in raw for field in IMAGE_FIELDS):
         raise BodyTooLarge(f"request body over {_mib(MAX_BODY_BYTES)} without an image in it")
-    try:
-        body = json.loads(raw or b"{}")
-    except (ValueError, RecursionError):
-        raise BadRequest("the request body is not valid JSON") from None
+    # A large body is parsed off the event loop (a 48 MiB one takes a second): /progress answers meanwhile.
+    body = await run_in_threadpool(_load_json, raw) if len(raw) > MAX_BODY_BYTES else _load_json(raw)
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
+    _check_image_lists(body)
     if len(raw) > MAX_BODY_BYTES and not _has_image(body):  # the image routes' limit is for images
         raise BodyTooLarge(f"request body over {_mib(MAX_BODY_BYTES)} without an image in it")
     return body
+
+
+def _check_image_lists(body: dict[str, Any]) -> None:
+    """Every entry of a list of pictures (A1111's init_images) is one: a null among them is a 400, never read as
+    no picture (a txt2img run)."""
+    images = body.get("init_images")
+    if isinstance(images, list):
+        for index, image in enumerate(images):
+            if not isinstance(image, str) or not image:
+                raise BadRequest(f"init_images[{index}] must be base64-encoded image bytes, got "
+                                 f"{json.dumps(image)[:40]}")
 
 
 async def form_body(request: Request, *, max_files: int = 4, max_fields: int = 64) -> FormData:
@@ -224,8 +286,9 @@ async def form_body(request: Request, *, max_files: int = 4, max_fields: int = 6
         raise BadRequest("this server cannot read uploads: install python-multipart (pip install python-multipart)")
     require_content_type(request, "multipart/form-data", "the image as a file part")
     try:
-        return await MultiPartParser(request.headers, _bounded(request), max_files=max_files,
-                                     max_fields=max_fields).parse()
+        with _large_body_turn(request):
+            return await MultiPartParser(request.headers, _bounded(request), max_files=max_files,
+                                         max_fields=max_fields).parse()
     except MultiPartException as e:
         raise BadRequest(f"the request body is not valid multipart/form-data: {e.message}") from None
 

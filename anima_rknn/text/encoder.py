@@ -6,12 +6,10 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 
-import safetensors.torch
 import torch
 from transformers import Qwen3Config, Qwen3Model
 
-from ..core.files import atomic_path
-from ..core.tensorfile import load_tensors, read_shapes
+from ..core.tensorfile import load_tensors, read_shapes, save_tensors
 from ..errors import AnimaError
 
 FILE_PREFIX = "model."  # Qwen3ForCausalLM layout, as in text_encoders/qwen_3_06b_base.safetensors
@@ -161,5 +159,4 @@ def write_random_text_encoder(
         torch.manual_seed(seed)
         model = Qwen3Model(config)
     tensors = {FILE_PREFIX + name: t.detach().to(dtype).contiguous() for name, t in model.state_dict().items()}
-    with atomic_path(path, overwrite=True) as tmp:
-        safetensors.torch.save_file(tensors, str(tmp), metadata={"format": "pt"})
+    save_tensors(tensors, path, {"format": "pt"})

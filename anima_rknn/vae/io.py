@@ -12,11 +12,9 @@ import os
 import re
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor
 
-from ..core.files import atomic_path
-from ..core.tensorfile import Header, load_tensors, read_header
+from ..core.tensorfile import Header, load_tensors, read_header, save_tensors
 from ..errors import AnimaError
 from .wan import WAN21_LATENTS_MEAN, WAN21_LATENTS_STD, CausalConv2d, Resample, RMSNorm2d, WanVAE, WanVAEConfig
 
@@ -98,8 +96,7 @@ def save_vae(vae: WanVAE, path: str | os.PathLike, dtype: torch.dtype = torch.bf
             "latents_mean": json.dumps(list(config.latents_mean)),
             "latents_std": json.dumps(list(config.latents_std)),
         }
-    with atomic_path(path, overwrite=True) as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
+    save_tensors(tensors, path, metadata)
 
 
 def _metadata_stats(header: Header, key: str, default: tuple[float, ...], *, positive: bool) -> tuple[float, ...]:

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -39,11 +40,13 @@ def sweep(tiny_set, tmp_path_factory):
     return jobs, expected, images
 
 
-def _ray_batch(tiny_set, jobs, expected, out, **options):
+def _ray_batch(tiny_set, jobs, expected, out, warn=lambda line: None, **options):
     results = Results(out, jobs, overwrite=False)
-    with RayRunner(LOCAL, tiny_set, expected, keep_models=True, local_cpus=CPUS, warn=lambda line: None,
-                   **options) as runner:
+    with RayRunner(LOCAL, tiny_set, expected, keep_models=True, local_cpus=CPUS, warn=warn, **options) as runner:
+        session = Path(runner.temp_dir)
+        assert any(session.iterdir())  # the local cluster's session folders are in a folder of ours
         runner.run(jobs, results.add)
+    assert not session.exists()  # and gone with it
     return [json.loads(line) for line in (out / RESULTS).read_text().splitlines()]
 
 
@@ -67,7 +70,10 @@ def test_a_worker_killed_mid_job_costs_a_retry_not_a_job(tiny_set, sweep, tmp_pa
             killed.append((job.id, worker))
             os.kill(int(worker.rsplit(":", 1)[1]), signal.SIGKILL)
 
-    records = _ray_batch(tiny_set, jobs, expected, tmp_path / "out", on_dispatch=kill_first, max_workers=1)
+    lines: list[str] = []
+    records = _ray_batch(tiny_set, jobs, expected, tmp_path / "out", on_dispatch=kill_first, max_workers=1,
+                         warn=lines.append)
+    assert lines == [f"worker {killed[0][1]} died while running job {killed[0][0]} (attempt 1 of 3); it runs again"]
     assert sorted(r["job"] for r in records) == sorted(j.id for j in jobs)  # every job, each once
     assert {j.id: (tmp_path / "out" / j.image).read_bytes() for j in jobs} == images
     job_id, dead = killed[0]

@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from anima_rknn.core import threads
-from anima_rknn.core.threads import auto_threads, parse_cpu_list, resolve_threads, session_options, use_threads
+from anima_rknn.core.threads import (
+    auto_threads,
+    idle_cores,
+    parse_cpu_list,
+    resolve_threads,
+    session_options,
+    use_threads,
+)
 
 
 def _cpu(root: Path, cpu: int, *, max_freq: int | None = None, siblings: str | None = None,
@@ -73,11 +80,38 @@ def test_cpu_lists_parse_as_sysfs_writes_them():
 
 def test_resolve_keeps_a_count_and_turns_auto_into_this_machines(monkeypatch):
     assert resolve_threads(3) == 3 and resolve_threads(None) is None  # None: as torch is set when a run starts
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # an idle machine: every core
     for omp, auto in (("", auto_threads()), ("3", 3), ("0", auto_threads()), ("many", auto_threads())):
         monkeypatch.setenv("OMP_NUM_THREADS", omp)
-        threads._auto.cache_clear()
         assert resolve_threads(0) == auto, omp
-    threads._auto.cache_clear()
+
+
+@pytest.mark.parametrize("cores, load, expected", [
+    (4, 0.0, 4), (4, 0.4, 4), (4, 1.6, 2), (4, 3.9, 1), (4, 12.0, 1), (2, 2.0, 1), (2, 0.6, 1), (8, 2.0, 6),
+])
+def test_auto_takes_the_cores_the_machines_other_work_leaves_idle(cores, load, expected):
+    """On a machine whose other work uses every core, one thread (several times faster than two there:
+    docs/measurements/reliability.md); on an idle one, every core."""
+    assert idle_cores(cores, load) == expected
+
+
+def test_auto_follows_the_load_when_a_run_starts(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "_cores", lambda: 4)
+    for load, expected in ((0.0, 4), (8.0, 1)):
+        monkeypatch.setattr(threads.os, "getloadavg", lambda load=load: (load, load, load))
+        assert resolve_threads(0) == expected
+
+
+def test_openmp_waits_passively_unless_the_program_said_otherwise():
+    import subprocess
+    import sys
+
+    code = "import os, anima_rknn; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {key: value for key, value in threads.os.environ.items() if key != "OMP_WAIT_POLICY"}
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout == "PASSIVE\n"
+    assert subprocess.run([sys.executable, "-c", code], env=env | {"OMP_WAIT_POLICY": "ACTIVE"}, capture_output=True,
+                          text=True).stdout == "ACTIVE\n"
 
 
 def test_torch_and_onnx_runtime_get_the_same_threads_without_spinning(one_thread):

@@ -1,0 +1,63 @@
+"""Issue 46's hostile-input cases for the CLI: pictures whose resizes would explode (refused from the header, in
+bounded memory), a resume path too long for the file system. Each: one line, exit 1, the output folder as it was."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+from test_bad_input import assert_refused, out_dir, snapshot  # noqa: F401  (out_dir: the suite's fixture)
+
+
+@pytest.fixture(scope="module")
+def pictures(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("pictures")
+    for width, height in ((1, 65535), (1, 16384)):
+        Image.new("RGB", (width, height), (10, 200, 30)).save(folder / f"{width}x{height}.png")
+    return folder
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (("--init-img", "{img}/1x65535.png", "-W", "64", "-H", "64"), "1x65535 has a side over 16384 px, refused before "
+                                                                   "decoding"),
+    (("--init-img", "{img}/1x16384.png", "-W", "128", "-H", "64", "--resize-mode", "crop_and_resize"),
+     "the init image: resizing 1x16384 to 128x64 (crop_and_resize) would make a 128x2097152 picture on the way"),
+    (("-W", "16", "-H", "4096", "--hires", "--hires-width", "4096", "--hires-height", "16", "--hires-upscaler",
+      "lanczos"), "the hires fix: resizing 16x4096 to 4096x16 (crop_and_resize) would make a 4096x1048576 picture"),
+    (("-W", "16", "-H", "4096", "--hires", "--hires-width", "4096", "--hires-height", "16"),
+     "the hires fix: resizing 16x4096 to 4096x1048576 (just_resize) would make"),
+])
+def test_a_resize_that_would_explode_is_refused_before_any_pixel(run_cli, model_dir, out_dir, pictures, args,
+                                                                  pattern):
+    before = snapshot(out_dir)
+    given = [str(arg).format(img=pictures) for arg in args]
+    result = run_cli("generate", "--model", model_dir, "-p", "cat", "--steps", "2", "-o", out_dir / "x.png", *given)
+    assert_refused(result, 1, pattern)
+    assert snapshot(out_dir) == before
+
+
+def test_a_refused_init_image_costs_little_memory(model_dir, out_dir, pictures):
+    """The 1 x 65535 picture that peaked at 1.9 GB: refused from its header, the process stays near its size
+    after imports (measured in a subprocess: its peak RSS, ru_maxrss)."""
+    code = ("import resource, sys\nfrom anima_rknn.cli import main\nsys.argv = sys.argv[1:]\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code, "anima-rknn", "generate", "--model", str(model_dir), "-p",
+                           "cat", "--init-img", str(pictures / "1x65535.png"), "-W", "64", "-H", "64",
+                           "-o", str(out_dir / "x.png")], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines = done.stderr.strip().splitlines()
+    assert "side over 16384 px" in lines[-2], done.stderr
+    assert int(lines[-1]) < 700, f"peak RSS {lines[-1]} MiB"  # torch and the model set's imports: about 400 MiB
+
+
+def test_a_resume_path_too_long_for_the_file_system_is_one_line(run_cli, model_dir, out_dir):
+    before = snapshot(out_dir)
+    result = run_cli("generate", "--model", model_dir, "-p", "cat", "--resume", out_dir / ("a" * 5000),
+                     "-o", out_dir / "x.png")
+    assert_refused(result, 1, "cannot read it: File name too long")
+    assert len(result.err) < 300 and snapshot(out_dir) == before
+
