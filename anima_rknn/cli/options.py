@@ -127,8 +127,9 @@ def _click_options(name: str, front: str | None = None) -> list[Callable[[F], F]
     kinds = {"int": int, "number": FINITE, "text": str, "path": click.Path(file_okay=False, path_type=Path)}
     kind = click.Choice(opt.choices) if opt.kind == "choice" else kinds[opt.kind]
     if opt.parse is not None:  # other spellings are taken too (build() makes them ours, or refuses in one line)
-        return [click.option(*flags, name, default=value, show_default=True, metavar=f"[{'|'.join(opt.choices)}]",
-                             help=opt.help)]
+        # None when not given, so that a sampler named with its schedule ("DPM++ 2M Karras") may set the schedule.
+        return [click.option(*flags, name, default=None, metavar=f"[{'|'.join(opt.choices)}]",
+                             help=f"{opt.help}  [default: {value}]")]
     if name in ("width", "height", "prompt"):  # the model's size; prompt: required where a command takes it
         return [click.option(*flags, name, type=kind, default=None, help=opt.help)]
     return [click.option(*flags, name, type=kind, default=value, show_default=value is not None, help=opt.help,
