@@ -135,7 +135,8 @@ class GenerationParams:
         "CPU threads of torch and ONNX Runtime together (the picture's last bits depend on them, so the PNG, the "
         "record and a batch job's id name them); 0: auto, one per physical core, only the big cores of a "
         "big.LITTLE CPU. Python API default: as torch is set when the run starts.", "int", ("--threads", "-t"),
-        low=AUTO_THREADS, high=MAX_THREADS, cli_default=AUTO_THREADS))  # a program that sized torch's threads keeps them
+        low=AUTO_THREADS, high=MAX_THREADS,
+        cli_default=AUTO_THREADS))  # a program that sized torch's threads keeps them
     cache: str = _setting("none", Option("Step cache: none = every step computed (the exact baseline).", "choice",
                                          ("--cache", "--cache-mode"), choices=CACHE_NAMES, request="cache",
                                          parse=lambda text: cache_name(text)))
@@ -464,6 +465,21 @@ def hires_upscaler_name(text: object) -> str:
             return name
     raise AnimaError(f"unknown hires upscaler {shown(text)}; choose one of {', '.join(HIRES_UPSCALERS)} "
                      "(or A1111's Latent, Latent (bicubic), Latent (nearest-exact), Lanczos)")
+
+
+# How far a side may be from the size a model was trained at before a run is warned: a small model made for 64 px
+# draws a flat field at the 512 px every A1111 client asks for by default.
+SIZE_WARNING_FACTOR = 2.0
+
+
+def size_warning(width: int, height: int, native: int | None) -> str | None:
+    """A warning for a size far from the one the model records it was trained at (None: near it, or the model
+    does not say, as the real Anima does not)."""
+    if native is None or all(native / SIZE_WARNING_FACTOR <= side <= native * SIZE_WARNING_FACTOR
+                             for side in (width, height)):
+        return None
+    return (f"{width}x{height} is far from the {native}x{native} this model was trained at; expect a poor or "
+            f"flat picture (give --width/--height near {native})")
 
 
 def resolve_seed(seed: int) -> int:
