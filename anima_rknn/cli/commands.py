@@ -11,7 +11,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval-demo": ("eval_demo", 'Score how well the demo model follows its prompts (background, shape colour,...'),
     "export-onnx": ("export_onnx", "Export the DiT's attention and MLP bodies (3 per block) as ONNX subgraphs for..."),
     "export-vae": ("export_vae", 'Export the VAE decoder (and encoder) for one tile size (latent...'),
-    "generate": ("generate", 'Generate one image.'),
+    "generate": ("generate", 'Generate one image (or --batch-count of them).'),
     "make-tiny": ("make_tiny", 'Write a random-weight model set in the real file formats and the Hugging Face...'),
     "plan": ("rknn", 'Predict peak memory and load/release traffic per pass of the rknn backend;...'),
     "serve": ("serve", 'Serve the model over HTTP until Ctrl-C; a job running then resumes at the...'),

@@ -113,6 +113,11 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
     if verbose:
         click.echo(f"model files: {json_text({k: str(v) for k, v in dataclasses.asdict(files).items()})}", err=True)
         click.echo(f"settings: {json_text(settings_of(params))}", err=True)
+    if preview is not None and Path(preview).resolve() in {path.resolve() for path, _ in images}:
+        raise AnimaError("--preview must be another file than --out")
+    # One preview file for all the images; a resumed run takes over its own earlier preview.
+    previews = preview_listener(preview, images[0][0], files.vae, preview_every, preview_vae, params.vae_tile,
+                                overwrite or resumed is not None)
     runner = None
     for out_path, image_params in images:
         # A resumed run goes on in the state it was given (its checkpoints, and removed once the image is
@@ -128,7 +133,7 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
                       else default_state_path(out_path))
         runner = runner or JobRunner(AnimaPipeline(files), checkpoint_every=checkpoint_every, warn=_warn_once())
         report = run_one(ctx, runner, image_params, out_path, state_path, given, resumed, resume_path, overwrite,
-                         (preview, preview_every, preview_vae, files.vae))
+                         previews)
         if warning:
             report["warnings"] = [warning]
         print_report(image_params, report, out_path, as_json, warning)
@@ -149,13 +154,9 @@ def _warn_once() -> Callable[[AnimaError], None]:
 
 def run_one(ctx: click.Context, runner: JobRunner, params: GenerationParams, out_path: Path, state_path: Path,
             given: set[str], resumed: ResumeState | None, resume_path: str | None, overwrite: bool,
-            preview: tuple) -> dict:
+            previews: StepCallback | None) -> dict:
     """One image: its run with the step bar and the previews; the record. Ctrl-C ends the command here, saying
     how to resume."""
-    path, every, vae_decode, vae_file = preview
-    # A resumed run takes over its own earlier preview.
-    previews = preview_listener(path, out_path, vae_file, every, vae_decode, params.vae_tile,
-                                overwrite or resumed is not None)
     bars: list[tqdm] = []  # opened at the first step, so that an error before it prints no empty bar
 
     def on_step(event: StepEvent) -> None:
