@@ -12,8 +12,6 @@ import importlib
 
 import click
 
-from ..core.memory import freeze_long_lived
-
 
 class LazyGroup(click.Group):
     """A click group whose commands are imported from their modules on first use."""
@@ -27,6 +25,8 @@ class LazyGroup(click.Group):
         from .commands import COMMANDS
 
         if cmd_name not in self.commands and cmd_name in COMMANDS:
+            from ..core.memory import freeze_long_lived  # (its ctypes is a tenth of --help's time)
+
             importlib.import_module(f"{__package__}.{COMMANDS[cmd_name][0]}")  # registers the command on `cli`
             freeze_long_lived()  # every module the command imports is loaded now
         return self.commands.get(cmd_name)
