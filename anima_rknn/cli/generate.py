@@ -134,8 +134,6 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
         runner = runner or JobRunner(AnimaPipeline(files), checkpoint_every=checkpoint_every, warn=_warn_once())
         report = run_one(ctx, runner, image_params, out_path, state_path, given, resumed, resume_path, overwrite,
                          previews)
-        if warning:
-            report["warnings"] = [warning]
         print_report(image_params, report, out_path, as_json, warning)
         if report["finite"] is False:
             raise NotFinite(report)
