@@ -445,15 +445,16 @@ SDCPP_CACHES_REFUSED = ("easycache", "ucache", "dbcache", "taylorseer", "cache-d
 
 
 def cache_name(text: object) -> str:
-    """A step cache as ours: our names, or stable-diffusion.cpp's --cache-mode ones where we have that cache."""
-    if isinstance(text, str):
-        name = SDCPP_CACHES.get(text.strip().casefold(), text.strip().casefold())
-        if name in CACHE_NAMES:
-            return name
-        if name in SDCPP_CACHES_REFUSED:
-            raise AnimaError(f"stable-diffusion.cpp's cache {shown(text)} is not implemented here: use --cache "
-                             "spectrum (the same forecast as its spectrum mode), auto or reuse")
-    raise AnimaError(f"unknown cache {shown(text)}; choose one of {', '.join(CACHE_NAMES)}")
+    """A step cache as ours: our names, or stable-diffusion.cpp's --cache-mode ones where we have that cache (its
+    others are refused saying what to use)."""
+    folded = text.strip().casefold() if isinstance(text, str) else None
+    if folded in SDCPP_CACHES_REFUSED:
+        raise AnimaError(f"stable-diffusion.cpp's cache {shown(text)} is not implemented here: use --cache "
+                         "spectrum (the same forecast as its spectrum mode), auto or reuse")
+    name = SDCPP_CACHES.get(folded, folded)
+    if name not in CACHE_NAMES:
+        raise AnimaError(f"cache must be one of {', '.join(CACHE_NAMES)}, got {shown(text)}")
+    return name
 
 
 def hires_upscaler_name(text: object) -> str:

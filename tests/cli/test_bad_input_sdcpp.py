@@ -47,7 +47,7 @@ def test_every_refused_flag_names_a_replacement_or_a_reason():
     (("--sampling-method", "dpm++3m"), "unknown sampler 'dpm++3m'"),
     (("--scheduler", "ays"), "stable-diffusion.cpp's schedule 'ays' is not implemented here"),
     (("--cache-mode", "easycache"), "stable-diffusion.cpp's cache 'easycache' is not implemented here: use --cache"),
-    (("--cache-mode", "fast"), "unknown cache 'fast'"),
+    (("--cache-mode", "fast"), "cache must be one of none, spectrum, spectrum-plus, reuse, auto, got 'fast'"),
     (("--sampler", "DPM++ 2M Nonsense"), "unknown sampler 'DPM++ 2M Nonsense'"),
     (("--preview", "tae"), "--preview tae: no tiny autoencoder here"),
     (("--preview", "{tmp}/a.png", "--preview-path", "{tmp}/b.png"), "name the preview file twice"),
