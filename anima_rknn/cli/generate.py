@@ -104,37 +104,34 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
         check_state_images(params, resumed, given, resume_path)
         params = settings_from_state(params, resumed, given)
     params.validate()
-    outputs = batch_outputs(Path(out), batch_count, output_begin_idx, params.seed)
-    images = [(check_output_file(path, overwrite=overwrite, suffixes=(".png",)), dataclasses.replace(
-        params, seed=params.seed + index)) for index, path in enumerate(outputs)]  # all before minutes of work
-    warning = size_warning(params.width, params.height, trained_image_size(files.dit))
-    if warning:
-        click.echo(f"warning: {warning}", err=True)
-    if verbose:
-        click.echo(f"model files: {json_text({k: str(v) for k, v in dataclasses.asdict(files).items()})}", err=True)
-        click.echo(f"settings: {json_text(settings_of(params))}", err=True)
-    if preview is not None and Path(preview).resolve() in {path.resolve() for path, _ in images}:
-        raise AnimaError("--preview must be another file than --out")
-    # One preview file for all the images; a resumed run takes over its own earlier preview.
-    previews = preview_listener(preview, images[0][0], files.vae, preview_every, preview_vae, params.vae_tile,
-                                overwrite or resumed is not None)
-    runner = None
-    for out_path, image_params in images:
+    images = []  # (PNG, settings, state) of each image, all checked before minutes of work
+    for index, path in enumerate(batch_outputs(Path(out), batch_count, output_begin_idx, params.seed)):
+        out_path = check_output_file(path, overwrite=overwrite, suffixes=(".png",))
         # A resumed run goes on in the state it was given (its checkpoints, and removed once the image is
         # published), whatever --out says.
         state_path = (Path(state) if state else Path(resume_path) if resumed is not None
                       else default_state_path(out_path))
         if resumed is None or state_path.resolve() != Path(resume_path).resolve():
             check_state_file(state_path, overwrite, resume_command(ctx, given, state_path, out_path))
-    for number, (out_path, image_params) in enumerate(images):
+        images.append((out_path, dataclasses.replace(params, seed=params.seed + index), state_path))
+    warning = size_warning(params.width, params.height, trained_image_size(files.dit))
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
+    if verbose:
+        click.echo(f"model files: {json_text({k: str(v) for k, v in dataclasses.asdict(files).items()})}", err=True)
+        click.echo(f"settings: {json_text(settings_of(params))}", err=True)
+    if preview is not None and Path(preview).resolve() in {path.resolve() for path, _, _ in images}:
+        raise AnimaError("--preview must be another file than --out")
+    # One preview file for all the images; a resumed run takes over its own earlier preview.
+    previews = preview_listener(preview, images[0][0], files.vae, preview_every, preview_vae, params.vae_tile,
+                                overwrite or resumed is not None)
+    runner = JobRunner(AnimaPipeline(files), checkpoint_every=checkpoint_every, warn=_warn_once())
+    for number, (out_path, image_params, state_path) in enumerate(images):
         if len(images) > 1:
             click.echo(f"image {number + 1}/{len(images)}: seed {image_params.seed}", err=True)
-        state_path = (Path(state) if state else Path(resume_path) if resumed is not None
-                      else default_state_path(out_path))
-        runner = runner or JobRunner(AnimaPipeline(files), checkpoint_every=checkpoint_every, warn=_warn_once())
         report = run_one(ctx, runner, image_params, out_path, state_path, given, resumed, resume_path, overwrite,
                          previews)
-        print_report(image_params, report, out_path, as_json, warning)
+        print_report(image_params, report, out_path, as_json)
         if report["finite"] is False:
             raise NotFinite(report)
 
@@ -188,7 +185,7 @@ def run_one(ctx: click.Context, runner: JobRunner, params: GenerationParams, out
     return report
 
 
-def print_report(params: GenerationParams, report: dict, out_path: Path, as_json: bool, warning: str | None) -> None:
+def print_report(params: GenerationParams, report: dict, out_path: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json_text(report))
     echo = (lambda s: click.echo(s, err=True)) if as_json else click.echo
@@ -200,7 +197,7 @@ def print_report(params: GenerationParams, report: dict, out_path: Path, as_json
          f"{report['subgraph_runs']} subgraph runs; "
          f"encode {t['encode_s']:.2f}s, {encode_image}denoise {t['denoise_s']:.2f}s, decode {t['decode_s']:.2f}s, "
          f"total {t['total_s']:.2f}s (excl. encode)")
-    if warning:
+    for warning in report.get("warnings", []):
         echo(f"warning: {warning}")
     if report["cache_error_estimate"] is not None:
         echo(f"cache error estimate: {report['cache_error_estimate']:.4f} (relative L2 distance of the latent from "
