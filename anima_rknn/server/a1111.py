@@ -34,7 +34,6 @@ from ..errors import AnimaError
 from ..generation.images import INPAINT_AREAS, MASKED_CONTENT, RESIZE_MODES
 from ..generation.params import HIRES_UPSCALERS, REQUEST_FIELDS, GenerationParams, default
 from ..sampling.samplers import SAMPLERS, call_sigmas, sampler_name
-from ..sampling.samplers import sampler_and_scheduler as samplers_and_schedules
 from ..sampling.schedule import (
     A1111_SCHEDULES,
     SCHEDULE_LABELS,
@@ -48,11 +47,27 @@ from .requests import BadRequest, _number, error_answer, json_body
 if TYPE_CHECKING:
     from .app import Server
 
+# Every spelling of a schedule that may end an old A1111 sampler name ("DPM++ 2M Karras"), longest first.
+_SCHEDULE_SUFFIXES = sorted({*SCHEDULES, *SCHEDULE_LABELS.values(), *A1111_SCHEDULES}, key=len, reverse=True)
+
+
 def sampler_and_scheduler(sampler: Any, scheduler: Any) -> tuple[str, Any]:
-    """A request's sampler_name and scheduler as ours (sampling.samplers.sampler_and_scheduler), else a 400."""
+    """A request's sampler_name and scheduler as ours: A1111's display names and ours are taken, and A1111's older
+    names with a schedule after the sampler ("DPM++ 2M Karras", "DPM++ 2M SDE Exponential") mean that sampler and
+    schedule, unless the request names a schedule itself ("automatic", webuiapi's default, names none)."""
     try:
-        return samplers_and_schedules(sampler, scheduler)
+        return sampler_name(sampler), scheduler
     except AnimaError as unknown:
+        if isinstance(sampler, str):
+            for suffix in _SCHEDULE_SUFFIXES:
+                if sampler.casefold().endswith(" " + suffix.casefold()):
+                    try:
+                        ours = sampler_name(sampler[: -len(suffix) - 1])
+                    except AnimaError:
+                        break
+                    named = scheduler is not None and not (isinstance(scheduler, str) and
+                                                           scheduler.casefold() == "automatic")
+                    return ours, scheduler if named else schedule_name(suffix)
         raise BadRequest(str(unknown)) from None
 
 
