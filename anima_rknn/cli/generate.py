@@ -114,7 +114,7 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
         if resumed is None or state_path.resolve() != Path(resume_path).resolve():
             check_state_file(state_path, overwrite, resume_command(ctx, given, state_path, out_path))
         images.append((out_path, dataclasses.replace(params, seed=params.seed + index), state_path))
-    warning = size_warning(params.width, params.height, trained_image_size(files.dit))
+    warning = size_warning(params, trained_image_size(files.dit))
     if warning:
         click.echo(f"warning: {warning}", err=True)
     if verbose:

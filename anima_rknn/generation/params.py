@@ -473,14 +473,14 @@ def hires_upscaler_name(text: object) -> str:
 SIZE_WARNING_FACTOR = 2.0
 
 
-def size_warning(width: int, height: int, native: int | None) -> str | None:
-    """A warning for a size far from the one the model records it was trained at (None: near it, or the model
-    does not say, as the real Anima does not)."""
-    if native is None or all(native / SIZE_WARNING_FACTOR <= side <= native * SIZE_WARNING_FACTOR
-                             for side in (width, height)):
+def size_warning(params: GenerationParams, native: int | None) -> str | None:
+    """A warning for a picture (or its hires pass) far from the size the model records it was trained at (None:
+    near it, or the model does not say, as the real Anima does not)."""
+    sides = (params.width, params.height, *(params.hires_size() if params.hires else ()))
+    if native is None or all(native / SIZE_WARNING_FACTOR <= side <= native * SIZE_WARNING_FACTOR for side in sides):
         return None
-    return (f"{width}x{height} is far from the {native}x{native} this model was trained at; expect a poor or "
-            f"flat picture (give --width/--height near {native})")
+    return (f"{params.width}x{params.height} is far from the {native}x{native} this model was trained at; expect a "
+            f"poor or flat picture (give --width/--height near {native})")
 
 
 def resolve_seed(seed: int) -> int:

@@ -59,7 +59,7 @@ class JobRunner:
             raise
         if checkpoints is not None:
             checkpoints.remove()  # published: nothing left to resume
-        warning = size_warning(params.width, params.height, trained_image_size(self.pipeline.files.dit))
+        warning = size_warning(params, trained_image_size(self.pipeline.files.dit))
         if warning:  # every front end's record says so (a 64-px model asked for 512 px draws a flat field)
             published.record["warnings"] = [warning]
         return published

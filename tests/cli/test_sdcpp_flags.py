@@ -165,3 +165,12 @@ def test_every_out_has_o_and_the_old_spellings_are_hidden_but_work(run_cli, tmp_
     context = commands["verify-rknn"].make_context("verify-rknn", ["--subgraphs", str(tmp_path), "--runtime",
                                                                    "simulator"])
     assert context.params["runtime"] == "simulator"
+
+
+def test_the_size_warning_looks_at_the_hires_pass_and_not_at_a_model_without_a_size():
+    from anima_rknn.generation.params import build, size_warning
+
+    assert size_warning(build({"width": 64, "height": 96}), 64) is None
+    assert "64x64 is far from the 32x32" in size_warning(build({"width": 64, "height": 64}), 32)
+    assert size_warning(build({"width": 64, "height": 64, "hires": True, "hires_scale": 4.0}), 64) is not None
+    assert size_warning(build({"width": 512, "height": 512}), None) is None
