@@ -171,6 +171,6 @@ def test_the_size_warning_looks_at_the_hires_pass_and_not_at_a_model_without_a_s
     from anima_rknn.generation.params import build, size_warning
 
     assert size_warning(build({"width": 64, "height": 96}), 64) is None
-    assert "64x64 is far from the 32x32" in size_warning(build({"width": 64, "height": 64}), 32)
+    assert "128x64 is far from the 32x32" in size_warning(build({"width": 128, "height": 64}), 32)
     assert size_warning(build({"width": 64, "height": 64, "hires": True, "hires_scale": 4.0}), 64) is not None
     assert size_warning(build({"width": 512, "height": 512}), None) is None
