@@ -16,7 +16,7 @@ import time
 
 import torch
 
-import anima_rknn.cli.commands  # noqa: F401  (what the console script imports before any command runs)
+from anima_rknn.cli.group import cli
 import anima_rknn.server.app  # noqa: F401  (and what serve imports)
 from anima_rknn.demo import demo_model_dir
 from anima_rknn.generation.params import GenerationParams
@@ -25,6 +25,7 @@ from anima_rknn.model.model_set import from_model_dir
 
 
 def main() -> None:
+    cli.load_all()  # every command's modules, as a long-lived process holds them
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)

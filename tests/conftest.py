@@ -13,9 +13,10 @@ import torch
 from anima_rknn.demo.tiny_set import write_model_set
 from anima_rknn.model.model_set import ModelFiles
 
-# The real Qwen3 and T5 tokenizer.json files, xz-compressed, with the 77 verified token-id vectors
-# (tests/data/tokenizers/README.md says where they come from and how they were checked).
-TOKENIZER_DATA = Path(__file__).resolve().parent / "data" / "tokenizers"
+# The real Qwen3 and T5 tokenizer.json files, xz-compressed, as the package ships them (anima_rknn/model/tokenizers/
+# README.md says where they come from and how they were checked; tests/data/tokenizers holds their 77 verified
+# token-id vectors).
+TOKENIZER_DATA = Path(__file__).resolve().parents[1] / "anima_rknn" / "model" / "tokenizers"
 TOKENIZER_SHA256 = {
     "qwen3": "d3595c7174b17f68036a137992f9b04b4c0ae49b283f27a79caf5dbb2a56b6c2",
     "t5": "fe2ebbbbde2985be723e0ce18217853e4020c5e9d35bd07be2c27ab9d3ead57a",
@@ -50,7 +51,7 @@ def real_tokenizers(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("tokenizers")
     for side, digest in TOKENIZER_SHA256.items():
         data = lzma.decompress((TOKENIZER_DATA / side / "tokenizer.json.xz").read_bytes())
-        assert hashlib.sha256(data).hexdigest() == digest, f"tests/data/tokenizers/{side} is damaged"
+        assert hashlib.sha256(data).hexdigest() == digest, f"anima_rknn/model/tokenizers/{side} is damaged"
         (folder / side).mkdir()
         (folder / side / "tokenizer.json").write_bytes(data)
     return folder

@@ -61,7 +61,7 @@ LAYER_LABELS = {0: "foundation", 3: "components", 8: "tools", 9: "services"}
 ENTRY_POINTS = ("__init__", "__main__")
 
 # Modules of cli/ that define no command; every other module of cli/ is a command module, a front end.
-CLI_SUPPORT = ("__init__", "group", "options", "signals", "commands")
+CLI_SUPPORT = ("__init__", "group", "options", "signals", "commands", "sdcpp")
 # The route modules of server/, front ends (whichever exist).
 SERVER_ROUTES = ("a1111", "openai", "native", "page")
 # Further front ends, whole: every module of these subpackages.

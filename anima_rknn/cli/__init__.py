@@ -9,7 +9,6 @@ import sys
 
 import click
 
-from ..core.memory import freeze_long_lived
 from ..errors import AnimaError, Terminated
 from .group import cli
 
@@ -25,11 +24,8 @@ def _raise_terminated(signum: int, frame: object) -> None:
 def main() -> None:
     """Entry point: user errors become one line on stderr and exit code 1, never a traceback.
 
-    SIGTERM and SIGHUP (a closed ssh session) unwind like Ctrl-C, so no temporary file outlives them."""
-    from . import commands  # noqa: F401  (registers the commands)
-
-    freeze_long_lived()  # every module the commands import is loaded now
-
+    SIGTERM and SIGHUP (a closed ssh session) unwind like Ctrl-C, so no temporary file outlives them. The group
+    imports the command that runs, and only it (group.py)."""
     for signum in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup and friends stay in force
             signal.signal(signum, _raise_terminated)

@@ -15,10 +15,10 @@ from ..errors import AnimaError
 from ..generation.params import RANDOM_SEED, GenerationParams, parse_seeds
 from ..generation.pipeline import AnimaPipeline
 from ..generation.resume import Interrupted
-from ..model.model_set import ModelFiles, resolve
+from ..model.model_set import ModelFiles
 from ..sampling.sample import StepEvent
 from .group import cli
-from .options import lora_dir_option, model_options, params_from_cli, ray_options, setting_options
+from .options import lora_dir_option, model_options, params_from_cli, ray_options, resolve_model, setting_options
 from .signals import stop_on_signals
 
 
@@ -53,7 +53,7 @@ def batch(jobs_file, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer
     width, height, steps, cfg, seed, shift, cache, cache_options, init_image, mask, ...; the options below are the
     defaults; image paths are relative to JOBS' folder) or a text file of prompts, one per line, each made once per
     --seeds seed."""
-    files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
+    files = resolve_model(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
                     t5_tokenizer=t5_tokenizer)
     defaults = batch_defaults(files, options)
     pipeline = AnimaPipeline(files)

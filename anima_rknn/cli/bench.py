@@ -22,7 +22,6 @@ from ..errors import AnimaError
 from ..generation.params import parse_seeds
 from ..generation.pipeline import AnimaPipeline
 from ..generation.result import GenerationResult, publish
-from ..model.model_set import resolve
 from ..sampling.sample import StepEvent
 from .group import cli
 from .options import (
@@ -31,6 +30,7 @@ from .options import (
     model_options,
     params_from_cli,
     ray_options,
+    resolve_model,
     setting_options,
 )
 
@@ -106,7 +106,7 @@ def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, caches, s
         raise AnimaError("--jobs gives the prompt and the seeds: drop --prompt and --seeds")
     if settings["prompt"] is None and jobs_file is None:
         raise AnimaError("pass --prompt (or --jobs JOBS)")
-    files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
+    files = resolve_model(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
                     t5_tokenizer=t5_tokenizer)
     params = params_from_cli(files, settings)
     # The cache options are the cached sides'; every job's own settings are the baseline's (cache none).

@@ -14,13 +14,14 @@ from ..errors import AnimaError
 from ..export.manifest import check_set, read_manifest
 from ..model.model_set import resolve
 from .group import cli
+from .options import Respelled
 
 
 @cli.command("doctor")
 @click.option("--subgraphs", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="A converted subgraph set: compare librknnrt with its converter and plan its memory here.")
 @click.option("--model", default=None, help="With --subgraphs: check that the set was made from this model's DiT.")
-@click.option("--budget", default=None, help="Plan the set under this much memory, e.g. 6GiB (default: the memory "
+@click.option("--rknn-budget", "--budget", "budget", cls=Respelled, old=("--budget",), default=None, help="Plan the set under this much memory, e.g. 6GiB (default: the memory "
               "available now).")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as one JSON object on stdout.")
 @click.option("--root", type=click.Path(file_okay=False, exists=True, path_type=Path), default=Path("/"),

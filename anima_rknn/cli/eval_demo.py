@@ -40,7 +40,7 @@ from .options import FINITE, lora_file_options, threads_option
               help="Prompt i uses seed + i; -1 draws the first at random.")
 @click.option("--cache", type=click.Choice(CACHE_NAMES), default="none", show_default=True)
 @threads_option
-@click.option("--sheet", type=click.Path(dir_okay=False), default="demo_sheet.png", show_default=True,
+@click.option("--sheet", "-o", type=click.Path(dir_okay=False), default="demo_sheet.png", show_default=True,
               help="Contact sheet PNG with every picture and its prompt.")
 @click.option("--overwrite", is_flag=True, help="Replace --sheet if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Also print the scores as one JSON object.")

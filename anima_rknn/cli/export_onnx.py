@@ -24,7 +24,8 @@ EXPORT_DTYPES = {"fp32": "float32", "fp16": "float16"}
               help="Image width (multiple of 16). Default 512, or the size a small trained model was made for "
                    "(64 for the demo model).")
 @click.option("--height", "-H", type=int, default=None, help="Image height (multiple of 16). Default as --width.")
-@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Folder for the set.")
+@click.option("--out", "-o", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for the set.")
 @click.option("--dtype", type=click.Choice(list(EXPORT_DTYPES)), default="fp32", show_default=True,
               help="Precision of the subgraphs (the host side always stays fp32).")
 @click.option("--overwrite", is_flag=True, help="Replace what is already in --out.")

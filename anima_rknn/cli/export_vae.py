@@ -11,7 +11,7 @@ from ..export.vae import DEFAULT_OVERLAP, DEFAULT_TILE, export_vae_decoder
 from ..model.io import trained_image_size
 from ..model.model_set import part_file
 from .group import cli
-from .options import apply_threads, threads_option
+from .options import Respelled, apply_threads, threads_option
 
 
 @cli.command("export-vae")
@@ -19,14 +19,16 @@ from .options import apply_threads, threads_option
               help="Model directory in the Hugging Face layout (VAE: split_files/vae/*.safetensors). "
                    "Default: the shipped demo model.")
 @click.option("--vae", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="VAE .safetensors file.")
-@click.option("--tile", type=int, default=None,
+@click.option("--vae-tile-size", "--tile", "tile", cls=Respelled, old=("--tile",), type=int, default=None,
               help="Tile size in pixels (a multiple of the VAE's scale, 8): generate decodes with this tile, "
                    "so images must be at least this large. Default: the size the model was trained at (64 for "
                    f"the demo model), at most {DEFAULT_TILE}; {DEFAULT_TILE} with --vae FILE.")
-@click.option("--overlap", type=int, default=None,
+@click.option("--vae-tile-overlap", "--overlap", "overlap", cls=Respelled, old=("--overlap",), type=int,
+              default=None,
               help="Tile overlap in pixels that verify-rknn and generate blend with (generate takes it from the "
                    f"set). Default: a quarter tile, at most {DEFAULT_OVERLAP}.")
-@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Folder for the set.")
+@click.option("--out", "-o", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for the set.")
 @click.option("--encoder", is_flag=True, help="also export the VAE encoder (for image-to-image on onnx / rknn)")
 @click.option("--overwrite", is_flag=True, help="Replace what is already in --out.")
 @threads_option

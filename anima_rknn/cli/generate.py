@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -13,7 +15,16 @@ from tqdm import tqdm
 from ..checks import shown
 from ..core.files import check_output_file, json_text
 from ..errors import AnimaError
-from ..generation.params import IMAGE_SETTINGS, MAX_STEPS, SETTINGS, GenerationParams, options
+from ..generation.params import (
+    IMAGE_SETTINGS,
+    MAX_SEED,
+    MAX_STEPS,
+    SETTINGS,
+    GenerationParams,
+    options,
+    settings_of,
+    size_warning,
+)
 from ..generation.pipeline import AnimaPipeline
 from ..generation.result import NotFinite, call_noun, stage_text
 from ..generation.resume import (
@@ -25,20 +36,31 @@ from ..generation.resume import (
     read_state,
 )
 from ..jobs.runner import JobRunner
-from ..model.model_set import resolve
+from ..model.io import trained_image_size
 from ..sampling.sample import StepCallback, StepEvent
 from ..vae.preview import PreviewWriter
 from .group import cli
-from .options import cli_flags, cli_names, generation_options, params_from_cli
+from .options import cli_flags, cli_names, generation_options, params_from_cli, resolve_model
+from .sdcpp import SdCppCommand, no_effect_options
 from .signals import stop_on_signals
 
 
-@cli.command("generate")
+MAX_BATCH_COUNT = 10_000  # images of one --batch-count
+
+
+@cli.command("generate", cls=SdCppCommand)
 @generation_options
-@click.option("--out", "-o", default="out.png", show_default=True, type=click.Path(dir_okay=False),
-              help="The PNG to write. Resuming X.png.state, the default is X.png.")
+@click.option("--out", "-o", "--output", default="out.png", show_default=True, type=click.Path(dir_okay=False),
+              help="The PNG to write. With --batch-count N: OUT_0.png .. OUT_N-1.png, or a printf pattern such as "
+                   "out_%03d.png (as stable-diffusion.cpp). Resuming X.png.state, the default is X.png.")
+@click.option("--batch-count", "-b", type=click.IntRange(1, MAX_BATCH_COUNT), default=1, show_default=True,
+              help="Make N images, seeds SEED .. SEED+N-1 (a random seed is drawn once), one after another.")
+@click.option("--output-begin-idx", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --batch-count: the number of the first image's file.")
 @click.option("--overwrite", is_flag=True, help="Replace --out (and a stopped run's state file) if it exists.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results on stdout.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the results on stdout (one line "
+                                                       "per image with --batch-count).")
+@click.option("--verbose", "-v", is_flag=True, help="Print the model files and every setting before the run.")
 @click.option("--state", "state", type=click.Path(dir_okay=False), default=None,
               help="Where Ctrl-C / SIGTERM and checkpoints write the resume state. Default: OUT.state.")
 @click.option("--checkpoint-every", type=click.IntRange(min=1), default=None,
@@ -48,40 +70,73 @@ from .signals import stop_on_signals
               help="Continue a stopped run from its state file: same settings and model files, same image "
                    "(an image-to-image run: pass its --init-img / --mask files again).")
 @click.option("--preview", type=click.Path(dir_okay=False), default=None,
-              help="Write the step's denoised estimate to this PNG as the run goes (replaced atomically).")
-@click.option("--preview-every", type=click.IntRange(1, MAX_STEPS), default=1, show_default=True,
-              help="Preview every N steps (and at the last).")
+              help="Write the step's denoised estimate to this PNG as the run goes (replaced atomically). "
+                   "stable-diffusion.cpp's methods are taken too: proj (this), vae (--preview-vae), none.")
+@click.option("--preview-path", type=click.Path(dir_okay=False), default=None,
+              help="stable-diffusion.cpp's name of the preview file (with --preview proj|vae; alone: --preview).")
+@click.option("--preview-every", "--preview-interval", type=click.IntRange(1, MAX_STEPS), default=1,
+              show_default=True, help="Preview every N steps (and at the last).")
 @click.option("--preview-vae", is_flag=True,
               help="Preview with a real (tiled) VAE decode instead of the cheap latent projection.")
+@no_effect_options
 @click.pass_context
-def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, out, overwrite, as_json,
-             state, checkpoint_every, resume_path, preview, preview_every, preview_vae, **settings) -> None:
-    """Generate one image. Ctrl-C (or SIGTERM) stops after the current step and writes a resume state;
-    a second Ctrl-C aborts at once."""
-    files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
-                    t5_tokenizer=t5_tokenizer)
+def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, out, batch_count,
+             output_begin_idx, overwrite, as_json, verbose, state, checkpoint_every, resume_path, preview,
+             preview_path, preview_every, preview_vae, **settings) -> None:
+    """Generate one image (or --batch-count of them). Ctrl-C (or SIGTERM) stops after the current step and writes
+    a resume state; a second Ctrl-C aborts at once."""
+    files = resolve_model(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
+                          t5_tokenizer=t5_tokenizer)
     resumed = read_state(resume_path) if resume_path else None
     given = {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
+    if batch_count > 1 and (resumed is not None or state is not None):
+        raise AnimaError("--batch-count makes each image with its own resume state (OUT_N.png.state): drop "
+                         f"{'--resume' if resumed is not None else '--state'}, and resume a stopped image alone")
     if resumed is not None:
         out = out if "out" in given else output_of_state(Path(resume_path))
         if out is None:
             raise AnimaError(f"pass --out: {resume_path} does not say which image it was for")
     elif settings["prompt"] is None:
         raise AnimaError("pass --prompt (or --resume STATE to continue a stopped run)")
+    preview, preview_vae = preview_choice(preview, preview_path, preview_vae)
     params = params_from_cli(files, settings)
     if resumed is not None:  # the state's settings, except where the command line says otherwise (then refused)
         check_state_images(params, resumed, given, resume_path)
         params = settings_from_state(params, resumed, given)
     params.validate()
-    out_path = check_output_file(Path(out), overwrite=overwrite, suffixes=(".png",))  # before minutes of work
-    # A resumed run goes on in the state it was given (its checkpoints, and removed once the image is published),
-    # whatever --out says.
-    state_path = Path(state) if state else Path(resume_path) if resumed is not None else default_state_path(out_path)
-    if resumed is None or state_path.resolve() != Path(resume_path).resolve():
-        check_state_file(state_path, overwrite, resume_command(ctx, given, state_path, out_path))
-    # A resumed run takes over its own earlier preview.
-    previews = preview_listener(preview, out_path, files.vae, preview_every, preview_vae, params.vae_tile,
+    images = []  # (PNG, settings, state) of each image, all checked before minutes of work
+    for index, path in enumerate(batch_outputs(Path(out), batch_count, output_begin_idx, params.seed)):
+        out_path = check_output_file(path, overwrite=overwrite, suffixes=(".png",))
+        # A resumed run goes on in the state it was given (its checkpoints, and removed once the image is
+        # published), whatever --out says.
+        state_path = (Path(state) if state else Path(resume_path) if resumed is not None
+                      else default_state_path(out_path))
+        if resumed is None or state_path.resolve() != Path(resume_path).resolve():
+            check_state_file(state_path, overwrite, resume_command(ctx, given, state_path, out_path))
+        images.append((out_path, dataclasses.replace(params, seed=params.seed + index), state_path))
+    warning = size_warning(params, trained_image_size(files.dit))
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
+    if verbose:
+        click.echo(f"model files: {json_text({k: str(v) for k, v in dataclasses.asdict(files).items()})}", err=True)
+        click.echo(f"settings: {json_text(settings_of(params))}", err=True)
+    if preview is not None and Path(preview).resolve() in {path.resolve() for path, _, _ in images}:
+        raise AnimaError("--preview must be another file than --out")
+    # One preview file for all the images; a resumed run takes over its own earlier preview.
+    previews = preview_listener(preview, images[0][0], files.vae, preview_every, preview_vae, params.vae_tile,
                                 overwrite or resumed is not None)
+    runner = JobRunner(AnimaPipeline(files), checkpoint_every=checkpoint_every, warn=_warn_once())
+    for number, (out_path, image_params, state_path) in enumerate(images):
+        if len(images) > 1:
+            click.echo(f"image {number + 1}/{len(images)}: seed {image_params.seed}", err=True)
+        report = run_one(ctx, runner, image_params, out_path, state_path, given, resumed, resume_path, overwrite,
+                         previews)
+        print_report(image_params, report, out_path, as_json)
+        if report["finite"] is False:
+            raise NotFinite(report)
+
+
+def _warn_once() -> Callable[[AnimaError], None]:
     warned: set[str] = set()
 
     def warn_once(e: AnimaError) -> None:
@@ -89,8 +144,16 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
             warned.add(str(e))
             click.echo(f"\nwarning: checkpoint not written (the run goes on): {e}", err=True)
 
-    runner = JobRunner(AnimaPipeline(files), checkpoint_every=checkpoint_every, warn=warn_once)
+    return warn_once
+
+
+def run_one(ctx: click.Context, runner: JobRunner, params: GenerationParams, out_path: Path, state_path: Path,
+            given: set[str], resumed: ResumeState | None, resume_path: str | None, overwrite: bool,
+            previews: StepCallback | None) -> dict:
+    """One image: its run with the step bar and the previews; the record. Ctrl-C ends the command here, saying
+    how to resume."""
     bars: list[tqdm] = []  # opened at the first step, so that an error before it prints no empty bar
+
     def on_step(event: StepEvent) -> None:
         if not bars:
             bars.append(tqdm(total=event.total, initial=event.step - 1, desc="denoise", unit="step",
@@ -101,7 +164,6 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
             previews(event)
 
     stopped: Interrupted | None = None
-    failed: NotFinite | None = None
     try:
         with stop_on_signals() as stops:
             report = runner.run(params, state=state_path, to=out_path, overwrite=overwrite, resume=resumed,
@@ -109,7 +171,7 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
     except Interrupted as e:
         stopped = e
     except NotFinite as e:  # reported like a finished run, then refused
-        failed, report = e, e.record
+        report = e.record
     finally:
         for bar in bars:
             bar.close()
@@ -118,15 +180,18 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
                    f"stopped after step {stopped.step}/{stopped.total}; resume with: "
                    f"{resume_command(ctx, given, stopped.path, out_path)}", err=True)
         sys.exit(128 + stops[0])
-    if resumed is not None and failed is None and state_path.resolve() != Path(resume_path).resolve():
+    if resumed is not None and report["finite"] and state_path.resolve() != Path(resume_path).resolve():
         Path(resume_path).unlink(missing_ok=True)  # published: the state it went on from has nothing left to resume
+    return report
 
+
+def print_report(params: GenerationParams, report: dict, out_path: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json_text(report))
     echo = (lambda s: click.echo(s, err=True)) if as_json else click.echo
     t = report["timings"]
     encode_image = f"VAE encode {t['vae_encode_s']:.2f}s, " if t.get("vae_encode_s") else ""
-    echo(f"{'wrote ' + str(out_path) if failed is None else 'NO IMAGE WRITTEN'}: {size_text(params, report)}, "
+    echo(f"{'wrote ' + str(out_path) if report['finite'] else 'NO IMAGE WRITTEN'}: {size_text(params, report)}, "
          f"{steps_text(params)}, {cache_text(params)}: computed {computed_text(params, report)}, "
          f"{report['transformer_passes']} transformer passes{partial_text(report)} "
          f"({report['passes_per_model_call']} per model call), "
@@ -135,6 +200,8 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
          f"total {t['total_s']:.2f}s (excl. encode)")
     if params.backend == "rknn" and t["stages"] is not None:
         echo(stage_text(t["stages"]))
+    for warning in report.get("warnings", []):
+        echo(f"warning: {warning}")
     if report["cache_error_estimate"] is not None:
         echo(f"cache error estimate: {report['cache_error_estimate']:.4f} (relative L2 distance of the latent from "
              "the uncached run's, estimated from the forecasts' measured errors)")
@@ -146,8 +213,46 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
              "such an image uncached; --cache none is the baseline)")
     if report["recomputed_steps"]:
         echo(f"numerical guard: non-finite forecast, recomputed steps {report['recomputed_steps']}")
-    if failed is not None:
-        raise failed
+
+
+# A printf pattern for the image number, as stable-diffusion.cpp's -o takes it (out_%03d.png).
+_NUMBER_PATTERN = re.compile(r"%0?\d*d")
+
+
+def batch_outputs(out: Path, count: int, begin: int, seed: int) -> list[Path]:
+    """The files of --batch-count images, as stable-diffusion.cpp names them: OUT with a printf pattern filled
+    in with each image's number (from --output-begin-idx), else OUT_NUMBER.png when there are several; and the
+    seeds they take (SEED + i) must all be seeds."""
+    if seed + count - 1 > MAX_SEED:
+        raise AnimaError(f"--batch-count {count} from seed {seed} runs past the largest seed, {MAX_SEED}")
+    patterns = _NUMBER_PATTERN.findall(out.name)
+    if len(patterns) > 1 or "%" in _NUMBER_PATTERN.sub("", out.name):
+        raise AnimaError(f"--out takes at most one printf number pattern such as %03d, got {out.name!r}")
+    if patterns:
+        return [out.with_name(out.name % (begin + index)) for index in range(count)]
+    if count == 1:
+        return [out]
+    return [out.with_name(f"{out.stem}_{begin + index}{out.suffix}") for index in range(count)]
+
+
+# stable-diffusion.cpp's --preview takes a method; its file is --preview-path (default preview.png).
+PREVIEW_METHODS = ("none", "proj", "vae", "tae")
+SDCPP_PREVIEW = "preview.png"
+
+
+def preview_choice(preview: str | None, preview_path: str | None, vae_decode: bool) -> tuple[str | None, bool]:
+    """--preview FILE (ours), or stable-diffusion.cpp's --preview METHOD --preview-path FILE: the file to preview
+    to (None: none) and whether previews decode with the VAE."""
+    if preview not in PREVIEW_METHODS:
+        if preview is not None and preview_path is not None:
+            raise AnimaError("--preview FILE and --preview-path FILE name the preview file twice: give one")
+        return preview or preview_path, vae_decode
+    if preview == "tae":
+        raise AnimaError("--preview tae: no tiny autoencoder here; use --preview proj (the latent projection) or "
+                         "--preview vae (a VAE decode)")
+    if preview == "none":
+        return None, vae_decode
+    return preview_path or SDCPP_PREVIEW, vae_decode or preview == "vae"
 
 
 def size_text(params: GenerationParams, report: dict) -> str:

@@ -10,7 +10,7 @@ from .group import cli
 
 
 @cli.command("make-tiny")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for the model set.")
+@click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="Folder for the model set.")
 @click.option("--preset", type=click.Choice(["tiny", "mid", "full"]), default="tiny", show_default=True,
               help="Model sizes; full = real Anima sizes (a few GB, for memory and speed measurements).")
 @click.option("--tokenizers", type=click.Path(file_okay=False), default=None,

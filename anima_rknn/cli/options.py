@@ -37,7 +37,7 @@ from ..generation.params import (
 )
 from ..model.io import trained_image_size
 from ..model.lora import parse_lora_option
-from ..model.model_set import ModelFiles
+from ..model.model_set import ModelFiles, resolve
 from ..sampling.auto_cache import AUTO_OPTIONS
 from ..sampling.caches import OPTION_TYPES, parse_cache_options
 
@@ -69,17 +69,49 @@ TILING = {None: None, True: "on", False: "off"}  # --vae-tiling / --no-vae-tilin
 
 def model_options(f: F) -> F:
     for decorate in reversed([
-        click.option("--model", "model", default=None,
+        click.option("--model", "-m", "model", default=None,
                      help="Model directory in the Hugging Face layout (split_files/..., tokenizers/...), "
-                          "or circlestone-labs/Anima to download it. Default: the shipped demo model."),
-        click.option("--dit", type=click.Path(dir_okay=False), help="DiT + LLM adapter .safetensors."),
-        click.option("--text-encoder", type=click.Path(dir_okay=False), help="Qwen3 text encoder .safetensors."),
+                          "or circlestone-labs/Anima to download it; a file: the diffusion model, as "
+                          "stable-diffusion.cpp's -m. Default: the shipped demo model."),
+        click.option("--dit", "--diffusion-model", "dit", type=click.Path(dir_okay=False),
+                     help="DiT + LLM adapter .safetensors."),
+        click.option("--text-encoder", "--llm", "text_encoder", type=click.Path(dir_okay=False),
+                     help="Qwen3 text encoder .safetensors."),
         click.option("--vae", type=click.Path(dir_okay=False), help="Wan / Qwen-Image VAE .safetensors."),
-        click.option("--qwen-tokenizer", type=click.Path(file_okay=False), help="Folder with Qwen3 tokenizer.json."),
-        click.option("--t5-tokenizer", type=click.Path(file_okay=False), help="Folder with T5 tokenizer.json."),
+        click.option("--qwen-tokenizer", type=click.Path(file_okay=False),
+                     help="Folder with Qwen3 tokenizer.json. Default: the model's, else the shipped one."),
+        click.option("--t5-tokenizer", type=click.Path(file_okay=False),
+                     help="Folder with T5 tokenizer.json. Default: the model's, else the shipped one."),
     ]):
         f = decorate(f)
     return f
+
+
+class Respelled(click.Option):
+    """An option whose old spellings (`old`) keep working, unlisted in --help, since one concept has one name
+    across the commands now (export-vae --tile is --vae-tile-size, as generate's)."""
+
+    def __init__(self, *args: Any, old: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.old = old
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        opts = self.opts
+        self.opts = [opt for opt in opts if opt not in self.old]
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.opts = opts
+
+
+def resolve_model(model: str | None, **explicit: str | None) -> ModelFiles:
+    """The model files of --model and the file flags; --model FILE (stable-diffusion.cpp's -m) is the diffusion
+    model, the other files given beside it."""
+    if model is not None and Path(model).is_file():
+        if explicit.get("dit") is not None:
+            raise AnimaError("-m FILE is the diffusion model: pass it or --diffusion-model (--dit), not both")
+        model, explicit = None, explicit | {"dit": model}
+    return resolve(model, **explicit)
 
 
 def _warn_if_slow(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -127,8 +159,9 @@ def _click_options(name: str, front: str | None = None) -> list[Callable[[F], F]
     kinds = {"int": int, "number": FINITE, "text": str, "path": click.Path(file_okay=False, path_type=Path)}
     kind = click.Choice(opt.choices) if opt.kind == "choice" else kinds[opt.kind]
     if opt.parse is not None:  # other spellings are taken too (build() makes them ours, or refuses in one line)
-        return [click.option(*flags, name, default=value, show_default=True, metavar=f"[{'|'.join(opt.choices)}]",
-                             help=opt.help)]
+        # None when not given, so that a sampler named with its schedule ("DPM++ 2M Karras") may set the schedule.
+        return [click.option(*flags, name, default=None, metavar=f"[{'|'.join(opt.choices)}]",
+                             help=f"{opt.help}  [default: {value}]")]
     if name in ("width", "height", "prompt"):  # the model's size; prompt: required where a command takes it
         return [click.option(*flags, name, type=kind, default=None, help=opt.help)]
     return [click.option(*flags, name, type=kind, default=value, show_default=value is not None, help=opt.help,
@@ -164,7 +197,8 @@ def apply_threads(threads: int) -> int:
 
 
 def lora_dir_option(f: F) -> F:
-    return click.option("--lora-dir", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+    return click.option("--lora-dir", "--lora-model-dir", "lora_dir",
+                        type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
                         help="Folder of LoRAs that <lora:NAME:SCALE> tags in the prompt pick by name.")(f)
 
 

@@ -23,7 +23,7 @@ from ..generation.pipeline import AnimaPipeline, initial_noise
 from ..model.config import MAX_BLOCKS, PRESETS
 from ..model.model_set import resolve
 from .group import cli
-from .options import FINITE, apply_threads, model_options, threads_option
+from .options import FINITE, Respelled, apply_threads, model_options, threads_option
 
 VERIFY_PROMPT = "1girl, long hair, smile, looking at viewer, flowers, blue sky"
 
@@ -32,7 +32,7 @@ VERIFY_PROMPT = "1girl, long hair, smile, looking at viewer, flowers, blue sky"
 @click.option("--subgraphs", required=True, type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="ONNX subgraph folder written by export-onnx.")
 @click.option("--target", default="rk3588", show_default=True, help="NPU platform to compile for.")
-@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
+@click.option("--out", "-o", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for the .rknn files, their ONNX sources and manifest (run again to resume).")
 @click.option("--overwrite", is_flag=True, help="Replace what is already in --out.")
 def convert_rknn(subgraphs: Path, target: str, out: Path, overwrite: bool) -> None:
@@ -51,7 +51,8 @@ def convert_rknn(subgraphs: Path, target: str, out: Path, overwrite: bool) -> No
 @click.option("--height", "-H", type=int, default=512, show_default=True, help="With --preset: image height.")
 @click.option("--blocks", type=click.IntRange(1, MAX_BLOCKS), default=None,
               help="With --preset: the DiT's blocks instead of the preset's (40: the community Anima-2.9B).")
-@click.option("--budget", default=None, help="Memory the run may use, e.g. 8GB or 6GiB (default: no limit).")
+@click.option("--rknn-budget", "--budget", "budget", cls=Respelled, old=("--budget",), default=None,
+              help="Memory the run may use, e.g. 8GB or 6GiB (default: no limit).")
 @click.option("--vae-subgraphs", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="A converted VAE decoder set: add the decode stage, which runs after the DiT's contexts close.")
 def plan(subgraphs: Path | None, preset: str | None, width: int, height: int, blocks: int | None,
@@ -83,7 +84,8 @@ def plan(subgraphs: Path | None, preset: str | None, width: int, height: int, bl
               help="Folder converted by convert-rknn.")
 @click.option("--prompt", "-p", default=VERIFY_PROMPT, show_default=True, help="Prompt whose context is fed.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the initial noise.")
-@click.option("--runtime", type=click.Choice(RUNTIMES), default="auto", show_default=True,
+@click.option("--rknn-runtime", "--runtime", "runtime", cls=Respelled, old=("--runtime",),
+              type=click.Choice(RUNTIMES), default="auto", show_default=True,
               help="simulator (x86) or lite (board).")
 @click.option("--min-cosine", type=FINITE, default=DEFAULT_MIN_COSINE, show_default=True,
               help="Flag subgraphs whose cosine similarity to fp32 torch is below this.")

@@ -15,7 +15,7 @@ from .options import FINITE, threads_option
 
 
 @cli.command("train-demo")
-@click.option("--out", required=True, type=click.Path(file_okay=False),
+@click.option("--out", "-o", required=True, type=click.Path(file_okay=False),
               help="Folder for the model set: new or empty; a run interrupted there resumes from its last checkpoint.")
 @click.option("--minutes", type=FINITE, default=DemoConfig.minutes, show_default=True,
               help="Wall-clock budget for both stages together.")
@@ -36,7 +36,7 @@ def train_demo_command(out: str, minutes: float, seed: int, vae_steps: int | Non
 
 
 @cli.command("train-demo-lora")
-@click.option("--out", required=True, type=click.Path(dir_okay=False),
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False),
               help="The LoRA .safetensors to write (kohya layout); an interrupted run resumes from its work folder "
                    "beside it (FILE.train/).")
 @click.option("--model", type=click.Path(file_okay=False), default=None,

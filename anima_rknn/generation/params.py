@@ -27,7 +27,7 @@ from ..engine.vae_tiles import VAE_BACKENDS
 from ..errors import AnimaError
 from ..model.lora import MAX_LORAS, LoraRef, lora_refs, prompt_loras
 from ..sampling.caches import CACHE_NAMES, make_cache
-from ..sampling.samplers import SAMPLER_NAMES, SAMPLERS, call_sigmas, sampler_name
+from ..sampling.samplers import SAMPLER_NAMES, SAMPLERS, call_sigmas, sampler_and_scheduler, sampler_name
 from ..sampling.schedule import SCHEDULES, flow_sigmas, schedule_name, strength_start
 from ..text.prompt import parse_prompt_weights
 from ..vae.tiling import TILING_MODES
@@ -94,7 +94,8 @@ class GenerationParams:
     prompt: str = dataclasses.field(metadata={"option": Option(
         "Prompt; (word:1.2) weights as in ComfyUI, <lora:NAME:SCALE> tags pick LoRAs from the LoRA folder.",
         "text", ("--prompt", "-p"), request="prompt")})
-    negative: str = _setting(DEFAULT_NEGATIVE, Option("Negative prompt.", "text", ("--negative", "-n"),
+    negative: str = _setting(DEFAULT_NEGATIVE, Option("Negative prompt.", "text",
+                                                       ("--negative", "-n", "--negative-prompt"),
                                                        request="negative_prompt"))
     width: int = _setting(DEFAULT_SIZE, Option(
         "Image width in pixels, a multiple of 16. Default: the size a small trained model was made for (64 for the "
@@ -103,22 +104,22 @@ class GenerationParams:
                                                 MAX_SIDE, request="height"))
     steps: int = _setting(20, Option("Sampling steps.", "int", low=1, high=MAX_STEPS, request="steps"))
     cfg: float = _setting(4.0, Option("Classifier-free guidance scale (1: the conditional model alone).", "number",
-                                      low=0.0, high=MAX_CFG, request="cfg_scale"))
+                                      ("--cfg", "--cfg-scale"), low=0.0, high=MAX_CFG, request="cfg_scale"))
     seed: int = _setting(20260812, Option(
-        f"0 to 2^64-1; {RANDOM_SEED} draws a random seed (the one used is reported).", "int", low=RANDOM_SEED,
-        high=MAX_SEED, request="seed",
+        f"0 to 2^64-1; {RANDOM_SEED} draws a random seed (the one used is reported).", "int", ("--seed", "-s"),
+        low=RANDOM_SEED, high=MAX_SEED, request="seed",
         request_default=RANDOM_SEED,  # WebUI clients leave the seed out (or send -1) to get a new picture
         batch_help="Seed of the jobs that name none (without --seeds), 0 to 2^64-1: fixed, so that a batch run "
                    "again finds its jobs done."))
-    shift: float = _setting(3.0, Option("Flow-matching sigma shift.", "number", low=1e-3, high=MAX_SHIFT,
-                                        request="shift"))
+    shift: float = _setting(3.0, Option("Flow-matching sigma shift.", "number", ("--shift", "--flow-shift"),
+                                        low=1e-3, high=MAX_SHIFT, request="shift"))
     scheduler: str = _setting("simple", Option(
         "Sigma schedule, as ComfyUI computes it for a flow model (the shift applies to each); A1111's Schedule type "
         "names are taken too.", "choice", choices=SCHEDULES, request="scheduler", parse=schedule_name))
     sampler: str = _setting("euler", Option(
         "Sampler, as ComfyUI names it (A1111's display names such as \"Euler a\" or \"DPM++ 2M SDE\" are taken too); "
-        "heun, dpmpp_sde and sa_solver_pece call the model twice a step.", "choice", choices=SAMPLER_NAMES,
-        request="sampler_name", parse=sampler_name))
+        "heun, dpmpp_sde and sa_solver_pece call the model twice a step.", "choice", ("--sampler", "--sampling-method"),
+        choices=SAMPLER_NAMES, request="sampler_name", parse=sampler_name))
     eta: float | None = _setting(None, Option(
         "Share of each step that is stochastic, for the samplers that have it (euler_ancestral, dpmpp_2m_sde, "
         "dpmpp_sde, sa_solver*); default 1, 0 makes them deterministic.", "number", low=0.0, high=1.0,
@@ -133,10 +134,12 @@ class GenerationParams:
     threads: int | None = _setting(None, Option(
         "CPU threads of torch and ONNX Runtime together (the picture's last bits depend on them, so the PNG, the "
         "record and a batch job's id name them); 0: auto, one per physical core, only the big cores of a "
-        "big.LITTLE CPU. Python API default: as torch is set when the run starts.", "int", low=AUTO_THREADS,
-        high=MAX_THREADS, cli_default=AUTO_THREADS))  # a program that sized torch's threads keeps them
+        "big.LITTLE CPU. Python API default: as torch is set when the run starts.", "int", ("--threads", "-t"),
+        low=AUTO_THREADS, high=MAX_THREADS,
+        cli_default=AUTO_THREADS))  # a program that sized torch's threads keeps them
     cache: str = _setting("none", Option("Step cache: none = every step computed (the exact baseline).", "choice",
-                                         choices=CACHE_NAMES, request="cache"))
+                                         ("--cache", "--cache-mode"), choices=CACHE_NAMES, request="cache",
+                                         parse=lambda text: cache_name(text)))
     cache_options: dict[str, float | str] = _setting(None, Option(
         'Cache options, stable-diffusion.cpp style: "w=0.4,m=3,lam=1.0,window=2,flex=0.5,warmup=4,stop=0.9".',
         "cache_options", ("--cache-option",), request="cache_options"), factory=dict)
@@ -435,6 +438,25 @@ def uncached(params: GenerationParams) -> GenerationParams:
     return dataclasses.replace(params, cache="none", cache_options={}, hires_cache=SAME_CACHE)
 
 
+# stable-diffusion.cpp's --cache-mode values: its spectrum is ours (the same w, m, lam, window, flex, warmup, stop
+# options); its other caches have none here.
+SDCPP_CACHES = {"spectrum": "spectrum", "disabled": "none"}
+SDCPP_CACHES_REFUSED = ("easycache", "ucache", "dbcache", "taylorseer", "cache-dit")
+
+
+def cache_name(text: object) -> str:
+    """A step cache as ours: our names, or stable-diffusion.cpp's --cache-mode ones where we have that cache (its
+    others are refused saying what to use)."""
+    folded = text.strip().casefold() if isinstance(text, str) else None
+    if folded in SDCPP_CACHES_REFUSED:
+        raise AnimaError(f"stable-diffusion.cpp's cache {shown(text)} is not implemented here: use --cache "
+                         "spectrum (the same forecast as its spectrum mode), auto or reuse")
+    name = SDCPP_CACHES.get(folded, folded)
+    if name not in CACHE_NAMES:
+        raise AnimaError(f"cache must be one of {', '.join(CACHE_NAMES)}, got {shown(text)}")
+    return name
+
+
 def hires_upscaler_name(text: object) -> str:
     """An upscaler as ours: our names, or A1111's labels ("Latent", "Latent (bicubic)", "Lanczos"), any case."""
     if isinstance(text, str):
@@ -444,6 +466,21 @@ def hires_upscaler_name(text: object) -> str:
             return name
     raise AnimaError(f"unknown hires upscaler {shown(text)}; choose one of {', '.join(HIRES_UPSCALERS)} "
                      "(or A1111's Latent, Latent (bicubic), Latent (nearest-exact), Lanczos)")
+
+
+# How far a side may be from the size a model was trained at before a run is warned: a small model made for 64 px
+# draws a flat field at the 512 px every A1111 client asks for by default.
+SIZE_WARNING_FACTOR = 2.0
+
+
+def size_warning(params: GenerationParams, native: int | None) -> str | None:
+    """A warning for a picture (or its hires pass) far from the size the model records it was trained at (None:
+    near it, or the model does not say, as the real Anima does not)."""
+    sides = (params.width, params.height, *(params.hires_size() if params.hires else ()))
+    if native is None or all(native / SIZE_WARNING_FACTOR <= side <= native * SIZE_WARNING_FACTOR for side in sides):
+        return None
+    return (f"{params.width}x{params.height} is far from the {native}x{native} this model was trained at; expect a "
+            f"poor or flat picture (give --width/--height near {native})")
 
 
 def resolve_seed(seed: int) -> int:
@@ -498,6 +535,10 @@ def build(values: Mapping[str, Any], *, base: GenerationParams | None = None, na
     if unknown:
         raise AnimaError(f"unknown setting {shown(unknown[0])}")
     given = {name: value for name, value in values.items() if value is not None}
+    if "sampler" in given:  # A1111's "DPM++ 2M Karras" names a schedule too, where none is given
+        given["sampler"], scheduler = sampler_and_scheduler(given["sampler"], given.get("scheduler"))
+        if scheduler is not None:
+            given["scheduler"] = scheduler
     for name, value in given.items():
         parse = option(name).parse
         if parse is not None:

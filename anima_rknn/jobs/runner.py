@@ -13,10 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import AnimaError
-from ..generation.params import GenerationParams
+from ..generation.params import GenerationParams, size_warning
 from ..generation.pipeline import AnimaPipeline
 from ..generation.result import NotFinite, Published, publish
 from ..generation.resume import Checkpoints, ResumeState, read_state
+from ..model.io import trained_image_size
 from ..sampling.sample import StepCallback
 
 
@@ -58,6 +59,9 @@ class JobRunner:
             raise
         if checkpoints is not None:
             checkpoints.remove()  # published: nothing left to resume
+        warning = size_warning(params, trained_image_size(self.pipeline.files.dit))
+        if warning:  # every front end's record says so (a 64-px model asked for 512 px draws a flat field)
+            published.record["warnings"] = [warning]
         return published
 
 

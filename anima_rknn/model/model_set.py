@@ -32,6 +32,11 @@ LAYOUT = {
 _ADAPTER_SOURCE = "llm_adapter.blocks.0.cross_attn.k_proj.weight"
 _TEXT_EMBEDDING = "embed_tokens.weight"
 DEMO_MODEL = Path(__file__).resolve().parents[1] / "demo_model"  # shipped in the package (see anima_rknn.demo)
+# The real Qwen3 and T5 tokenizers, xz-compressed (1.8 MB; tokenizers/README.md says where they come from): what a
+# model set uses when it brings none, so that the three model files alone are enough.
+SHIPPED_TOKENIZERS = {"qwen_tokenizer": Path(__file__).resolve().parent / "tokenizers" / "qwen3",
+                      "t5_tokenizer": Path(__file__).resolve().parent / "tokenizers" / "t5"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.json.xz")  # text.tokenizers reads either
 
 
 def _shape_ending(shapes: dict[str, tuple[int, ...]], suffix: str) -> tuple[int, ...] | None:
@@ -60,7 +65,7 @@ class ModelFiles:
                 raise AnimaError(f"{field.replace('_', ' ')} file not found: {path}")
         for field in ("qwen_tokenizer", "t5_tokenizer"):
             path = getattr(self, field)
-            if not (path / "tokenizer.json").is_file():
+            if not _has_tokenizer(path):
                 raise AnimaError(f"{field.replace('_', ' ')}: no tokenizer.json in {path}")
         self._check_text_width()
         return self
@@ -78,6 +83,23 @@ class ModelFiles:
             return
         raise AnimaError(f"the DiT and the text encoder are not parts of one model: {self.dit.name}'s LLM adapter "
                          f"reads {dit[1]}-wide text states, {self.text_encoder.name} makes {text[1]}-wide ones")
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in TOKENIZER_FILES)
+
+
+def tokenizers_for(dit: Path | None, root: Path | None = None) -> dict[str, Path]:
+    """The tokenizer folders of a model set that names none: a model directory's tokenizers/ where it has one
+    (`root`), else those of the Hugging Face layout beside the diffusion model (in its folder or up to two above:
+    ROOT/tokenizers/ for ROOT/split_files/diffusion_models/DIT), else the shipped real Qwen3 and T5 tokenizers."""
+    if root is not None and (root / "tokenizers").exists():  # its own, checked as they are
+        return {part: root / LAYOUT[part] for part in SHIPPED_TOKENIZERS}
+    for place in list(Path(dit).resolve().parents)[:3] if dit is not None else []:
+        found = {part: place / LAYOUT[part] for part in SHIPPED_TOKENIZERS}
+        if all(_has_tokenizer(folder) for folder in found.values()):
+            return found
+    return dict(SHIPPED_TOKENIZERS)
 
 
 def single_safetensors(folder: Path, what: str) -> Path:
@@ -107,11 +129,8 @@ def from_model_dir(root: str | os.PathLike) -> ModelFiles:
     root = Path(root)
     if not root.is_dir():
         raise AnimaError(f"model directory not found: {root}")
-    return ModelFiles(
-        **{part: single_safetensors(root / LAYOUT[part], name) for part, name in PART_NAMES.items()},
-        qwen_tokenizer=root / LAYOUT["qwen_tokenizer"],
-        t5_tokenizer=root / LAYOUT["t5_tokenizer"],
-    ).check()
+    parts = {part: single_safetensors(root / LAYOUT[part], name) for part, name in PART_NAMES.items()}
+    return ModelFiles(**parts, **tokenizers_for(None, root)).check()
 
 
 def resolve(model: str | os.PathLike | None, **explicit: str | os.PathLike | None) -> ModelFiles:
@@ -123,6 +142,8 @@ def resolve(model: str | os.PathLike | None, **explicit: str | os.PathLike | Non
         model = download_from_hub(str(model))
     base = dataclasses.asdict(from_model_dir(model)) if model is not None else {}
     given = {k: Path(v) for k, v in explicit.items() if v is not None}
+    if not base:  # the three model files alone: their tokenizers are found beside them, or the shipped ones
+        given = tokenizers_for(given.get("dit")) | given
     missing = [k for k in LAYOUT if k not in base and k not in given]
     if missing:
         flags = " ".join(f"--{k.replace('_', '-')}" for k in missing)

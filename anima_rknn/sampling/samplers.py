@@ -24,6 +24,7 @@ import numpy as np
 
 from ..checks import shown
 from ..errors import AnimaError
+from .schedule import A1111_SCHEDULES, SCHEDULE_LABELS, SCHEDULES, schedule_name
 
 Model = Callable[[np.ndarray, float], np.ndarray]  # model(x, sigma) -> x0 (float32, shaped like x)
 History = dict[str, list[np.ndarray]]  # float32 arrays only: a resume state stores them as tensors
@@ -361,6 +362,122 @@ def lcm(model: Model, x: np.ndarray, ctx: StepContext, history: History) -> Step
     return _f32((1.0 - sigma_next) * x0 + sigma_next * ctx.draw()), x0, {}
 
 
+# UniPC (Zhao et al. 2023, arXiv:2302.04867), data prediction, multistep, ComfyUI's uni_pc (B(h) = h, "bh1") and
+# uni_pc_bh2 (B(h) = e^h - 1): order 3 as ComfyUI's, lower towards the end (lower_order_final) and in the first
+# steps (warm-up), in the flow form's lambda (diffusers' UniPCMultistepScheduler with flow sigmas).
+UNIPC_ORDER = 3
+
+
+def _unipc_order(sigmas: np.ndarray, index: int) -> int:
+    """The order of step `index`'s predictor: warm-up over the first steps, lower order over the last ones."""
+    return min(UNIPC_ORDER, len(sigmas) - 1 - index, index + 1)
+
+
+def _unipc_update(x: np.ndarray, x0s: list[np.ndarray], lams: list[float], sigma: float, sigma_to: float,
+                  order: int, bh2: bool, x0_to: np.ndarray | None = None) -> np.ndarray:
+    """UniP (`x0_to` None) or UniC (`x0_to`: the model's x0 at sigma_to) from x at `sigma`, with the x0 of the last
+    steps (`x0s`, the newest at `sigma` last) at the log-SNRs `lams` (the same order): diffusers'
+    multistep_uni_p_bh_update / multistep_uni_c_bh_update with predict_x0, in the flow form's alpha = 1 - sigma."""
+    m0, lam_s0 = x0s[-1], lams[-1]
+    if sigma_to == 0.0:  # h infinite: the update is x0 itself (the order is 1 there)
+        return m0
+    h = half_log_snr(sigma_to) - lam_s0
+    hh = -h
+    h_phi_1 = math.expm1(hh)
+    b_h = math.expm1(hh) if bh2 else hh
+    rks = [(lams[-1 - i] - lam_s0) / h for i in range(1, order)] + [1.0]
+    d1s = [(x0s[-1 - i] - m0) / rks[i - 1] for i in range(1, order)]
+    rows, b, h_phi_k, factorial = [], [], h_phi_1 / hh - 1.0, 1.0
+    for i in range(1, order + 1):
+        rows.append([rk ** (i - 1) for rk in rks])
+        b.append(h_phi_k * factorial / b_h)
+        factorial *= i + 1
+        h_phi_k = h_phi_k / hh - 1.0 / factorial
+    alpha_to = 1.0 - sigma_to
+    x_next = (sigma_to / sigma) * x - (alpha_to * h_phi_1) * m0
+    if x0_to is None:
+        if order == 1:
+            return x_next
+        rhos = [0.5] if order == 2 else np.linalg.solve(np.array(rows)[:-1, :-1], np.array(b)[:-1]).tolist()
+        correction = sum(rho * d1 for rho, d1 in zip(rhos, d1s))
+    else:
+        rhos = [0.5] if order == 1 else np.linalg.solve(np.array(rows), np.array(b)).tolist()
+        correction = sum(rho * d1 for rho, d1 in zip(rhos[:-1], d1s)) + rhos[-1] * (x0_to - m0)
+    return x_next - (alpha_to * b_h) * correction
+
+
+def _uni_pc(model: Model, x: np.ndarray, ctx: StepContext, history: History, bh2: bool) -> StepResult:
+    """One UniPC step: the model at x (the last step's prediction); UniC corrects x with that x0 (no extra call);
+    UniP predicts the next latent from the corrected one. sigma = 1 counts as FIRST_SIGMA_FOR_SNR, where the
+    log-SNR is infinite."""
+    sigmas, index = ctx.sigmas, ctx.index
+    at = [min(float(s), FIRST_SIGMA_FOR_SNR) for s in sigmas]
+    lams = [half_log_snr(s) for s in at]
+    x0 = model(x, ctx.sigma)
+    earlier = history.get("x0", [])
+    if earlier:  # corrects the last step's prediction, at the order that step predicted with
+        order = _unipc_order(sigmas, index - 1)
+        x = _f32(_unipc_update(history["x"][0], earlier[-order:], lams[index - order: index], at[index - 1],
+                               at[index], order, bh2, x0_to=x0))
+    x0s = [*earlier, x0][-UNIPC_ORDER:]
+    order = _unipc_order(sigmas, index)
+    x_next = _unipc_update(x, x0s[-order:], lams[index - order + 1: index + 1], at[index], float(sigmas[index + 1]),
+                           order, bh2)
+    return _f32(x_next), x0, {"x0": x0s, "x": [x]}
+
+
+def uni_pc(model: Model, x: np.ndarray, ctx: StepContext, history: History) -> StepResult:
+    """UniPC with B(h) = h (ComfyUI's uni_pc, A1111's UniPC default variant bh1): one model call a step."""
+    return _uni_pc(model, x, ctx, history, bh2=False)
+
+
+def uni_pc_bh2(model: Model, x: np.ndarray, ctx: StepContext, history: History) -> StepResult:
+    """UniPC with B(h) = e^h - 1 (ComfyUI's uni_pc_bh2, diffusers' default)."""
+    return _uni_pc(model, x, ctx, history, bh2=True)
+
+
+# CFG++ UD10 AB (ComfyUI's cfgpp_ud10_ab, made for base Anima, recommended at CFG 2): CFG++ Euler (Chung et al.
+# 2024, arXiv:2406.08070: the step lands on the guided x0 but renoises with the unconditional prediction's noise),
+# its unconditional noise extrapolated a tenth of a step from the last one, the step blended a quarter towards a
+# two-step Adams-Bashforth step, and the last step to sigma 0 replaced by the guided x0 extrapolated linearly in
+# sigma. One model call (a guided one: conditional and unconditional) a step.
+CFGPP_HISTORY_WEIGHT, CFGPP_UNCOND_HISTORY_WEIGHT = 0.25, 0.1
+GuidedModel = Callable[[np.ndarray, float], tuple[np.ndarray, np.ndarray]]  # (guided x0, unconditional x0)
+
+
+def _adams_bashforth_2(sigmas: np.ndarray, index: int) -> tuple[float, float]:
+    """The weights of the slopes at sigmas[index] and sigmas[index - 1] in the two-step Adams-Bashforth step to
+    sigmas[index + 1]: the integral of their Lagrange basis polynomials over the step (k-diffusion's
+    linear_multistep_coeff of order 2, in closed form)."""
+    s_prev, s, s_next = (float(sigmas[index + k]) for k in (-1, 0, 1))
+    return (((s_next - s_prev) ** 2 - (s - s_prev) ** 2) / (2.0 * (s - s_prev)),
+            (s_next - s) ** 2 / (2.0 * (s_prev - s)))
+
+
+def cfgpp_ud10_ab(model: GuidedModel, x: np.ndarray, ctx: StepContext, history: History) -> StepResult:
+    """One step of CFG++ UD10 AB over a model that returns the guided and the unconditional x0 of one call. In the
+    flow form alpha = 1 - sigma, so the unconditional noise is (x - alpha u) / sigma and the CFG++ Euler step lands
+    on alpha_next x0 + sigma_next noise."""
+    sigmas, index, sigma, sigma_next = ctx.sigmas, ctx.index, ctx.sigma, ctx.sigma_next
+    x0, uncond = model(x, sigma)
+    uncond_noise = (x - (1.0 - sigma) * uncond) / sigma
+    noise, first = uncond_noise, not history.get("x0")
+    if not first:
+        ratio = (sigma_next - sigma) / (sigma - float(sigmas[index - 1]))
+        noise = noise + (CFGPP_UNCOND_HISTORY_WEIGHT * ratio) * (uncond_noise - history["noise"][0])
+    euler_step = (1.0 - sigma_next) * x0 + sigma_next * noise - x
+    slope = euler_step / (sigma_next - sigma)
+    step = euler_step
+    if not first:
+        now, before = _adams_bashforth_2(sigmas, index)
+        step = euler_step + CFGPP_HISTORY_WEIGHT * (now * slope + before * history["slope"][0] - euler_step)
+    x_next = x + step
+    if sigma_next == 0.0 and not first:  # x0 extrapolated to sigma 0 along the last two steps' line
+        x_next = x0 - sigma * (x0 - history["x0"][0]) / (sigma - float(sigmas[index - 1]))
+    new_history = {"x0": [_f32(x0)], "noise": [_f32(uncond_noise)], "slope": [_f32(slope)]}
+    return _f32(x_next), x0, new_history
+
+
 # ---- the registry -----------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -399,13 +516,16 @@ def _pece_calls(sigmas: np.ndarray, index: int) -> list[float]:
 
 
 SAMPLERS: dict[str, Sampler] = {s.name: s for s in (
-    Sampler("euler", "Euler", euler, _one_call, aliases=("k_euler", "Euler (flow)", "euler_flow")),
+    # Deterministic DDIM (eta 0) is Euler's update for a flow model (tests/sampling/test_new_samplers.py shows it),
+    # so its names run euler; sd.cpp's ddim_trailing is DDIM on a trailing schedule, the sampler the same.
+    Sampler("euler", "Euler", euler, _one_call,
+            aliases=("k_euler", "Euler (flow)", "euler_flow", "DDIM", "ddim_trailing")),
     Sampler("euler_ancestral", "Euler a", euler_ancestral, _one_call, takes_eta=True, takes_s_noise=True,
             aliases=("k_euler_a", "euler_a", "Euler Ancestral"), draws_noise=True),
     Sampler("heun", "Heun", heun, _heun_calls, aliases=("k_heun",)),
-    Sampler("dpmpp_2m", "DPM++ 2M", dpmpp_2m, _one_call, aliases=("k_dpmpp_2m",)),
+    Sampler("dpmpp_2m", "DPM++ 2M", dpmpp_2m, _one_call, aliases=("k_dpmpp_2m", "dpm++2m")),
     Sampler("dpmpp_2m_sde", "DPM++ 2M SDE", dpmpp_2m_sde, _one_call, takes_eta=True, takes_s_noise=True,
-            aliases=("k_dpmpp_2m_sde",), draws_noise=True),
+            aliases=("k_dpmpp_2m_sde", "dpm++2m_sde", "dpm++2m_sde_bt"), draws_noise=True),
     Sampler("dpmpp_sde", "DPM++ SDE", dpmpp_sde, _dpmpp_sde_calls, takes_eta=True, takes_s_noise=True,
             aliases=("k_dpmpp_sde",), draws_noise=True),
     Sampler("er_sde", "ER SDE", er_sde, _one_call, takes_s_noise=True, aliases=("ER-SDE",), draws_noise=True),
@@ -415,7 +535,27 @@ SAMPLERS: dict[str, Sampler] = {s.name: s for s in (
             aliases=("SA Solver PECE",), draws_noise=True),
     Sampler("res_multistep", "Res Multistep", res_multistep, _one_call, aliases=("RES Multistep",)),
     Sampler("lcm", "LCM", lcm, _one_call, aliases=("k_lcm",), draws_noise=True),
+    Sampler("uni_pc", "UniPC", uni_pc, _one_call, aliases=("uni_pc_bh1", "UniPC bh1")),
+    Sampler("uni_pc_bh2", "UniPC BH2", uni_pc_bh2, _one_call),
 )}
+# Samplers other tools name that have none here, with the reason (A1111's, and stable-diffusion.cpp's).
+REFUSED_SAMPLERS = {
+    "plms": "PLMS steps a discrete DDPM model's noise prediction on its 1000-timestep grid with a 4-step warm-up; a "
+            "flow model has no such grid: use uni_pc (a multistep method of order 3, one model call a step)",
+    "lms": "LMS is not implemented here: use uni_pc or dpmpp_2m (multistep methods, one model call a step)",
+    "dpm2": "DPM2 is not implemented here: use heun (second order, two model calls a step)",
+    "dpm++2s_a": "DPM++ 2S a is not implemented here: use dpmpp_sde (two model calls a step) or euler_ancestral",
+    "dpm++2mv2": "DPM++ 2M v2 is not implemented here: use dpmpp_2m",
+    "ipndm": "iPNDM is not implemented here: use uni_pc (multistep, one model call a step)",
+    "ipndm_v": "iPNDM_v is not implemented here: use uni_pc (multistep, one model call a step)",
+    "tcd": "TCD is for TCD-distilled models: use lcm for a distilled model, euler otherwise",
+    "res_2s": "RES 2S is not implemented here: use res_multistep",
+    "euler_cfg_pp": "Euler CFG++ is not implemented here: use euler at a low --cfg",
+    "euler_a_cfg_pp": "Euler a CFG++ is not implemented here: use euler_ancestral at a low --cfg",
+    "euler_ge": "Euler GE is not implemented here: use euler",
+    "cfgpp_ud10_ab": "CFG++ UD10 AB needs the unconditional prediction of every step apart from the guided one, "
+                     "which the sampling loop does not hand samplers yet (docs/samplers-new.md): use euler",
+}
 SAMPLER_NAMES = tuple(SAMPLERS)
 _BY_CASEFOLDED = {text.casefold(): s.name for s in SAMPLERS.values() for text in (s.name, s.label, *s.aliases)}
 
@@ -424,10 +564,37 @@ def sampler_name(text: object) -> str:
     """Ours for `text`: our name, A1111's display name or an alias, any case. Unknown names are refused, with
     the list, never replaced."""
     name = _BY_CASEFOLDED.get(text.casefold()) if isinstance(text, str) else None
+    if name is None and isinstance(text, str) and text.casefold() in REFUSED_SAMPLERS:
+        raise AnimaError(f"sampler {shown(text)}: {REFUSED_SAMPLERS[text.casefold()]}")
     if name is None:
         known = ", ".join(f"{s.name} ({s.label})" for s in SAMPLERS.values())
         raise AnimaError(f"unknown sampler {shown(text)}; choose one of {known}")
     return name
+
+
+# Every spelling of a schedule that may end an old A1111 sampler name ("DPM++ 2M Karras"), longest first.
+_SCHEDULE_SUFFIXES = sorted({*SCHEDULES, *SCHEDULE_LABELS.values(), *A1111_SCHEDULES}, key=len, reverse=True)
+
+
+def sampler_and_scheduler(sampler: object, scheduler: object) -> tuple[str, object]:
+    """A sampler and a schedule as ours (the schedule as given where it names one): A1111's display names and ours
+    are taken, and A1111's older names with a schedule after the sampler ("DPM++ 2M Karras", "DPM++ 2M SDE
+    Exponential") mean that sampler and schedule, unless `scheduler` names one itself (None and "automatic",
+    webuiapi's default, name none). The API server and the command line both read sampler names through this."""
+    try:
+        return sampler_name(sampler), scheduler
+    except AnimaError:
+        if isinstance(sampler, str):
+            for suffix in _SCHEDULE_SUFFIXES:
+                if sampler.casefold().endswith(" " + suffix.casefold()):
+                    try:
+                        ours = sampler_name(sampler[: -len(suffix) - 1])
+                    except AnimaError:
+                        break
+                    named = scheduler is not None and not (isinstance(scheduler, str) and
+                                                           scheduler.casefold() == "automatic")
+                    return ours, scheduler if named else schedule_name(suffix)
+        raise
 
 
 def get_sampler(name: str) -> Sampler:

@@ -57,9 +57,14 @@ A1111_SCHEDULES = {
     "sgm_uniform": "sgm_uniform", "SGM Uniform": "sgm_uniform", "SGMUniform": "sgm_uniform",
     "simple": "simple", "Simple": "simple", "normal": "normal", "Normal": "normal", "beta": "beta", "Beta": "beta",
 }
+# stable-diffusion.cpp's --scheduler names beside ours: its discrete spaces timesteps evenly from the largest to the
+# smallest, as A1111's Uniform (normal here). Its other schedules have none here: the refusal says so.
+SDCPP_SCHEDULES = {"discrete": "normal"}
+SDCPP_SCHEDULES_REFUSED = ("ays", "gits", "smoothstep", "kl_optimal", "lcm", "bong_tangent", "ltx2", "logit_normal",
+                           "flux2", "flux")
 _BY_CASEFOLDED = {text.casefold(): name for text, name in
                   [*zip(SCHEDULES, SCHEDULES), *((label, name) for name, label in SCHEDULE_LABELS.items()),
-                   *A1111_SCHEDULES.items()]}
+                   *A1111_SCHEDULES.items(), *SDCPP_SCHEDULES.items()]}
 
 
 def shift_sigma(t: np.ndarray | float, shift: float) -> np.ndarray | float:
@@ -70,6 +75,9 @@ def shift_sigma(t: np.ndarray | float, shift: float) -> np.ndarray | float:
 def schedule_name(text: object) -> str:
     """Our name for a schedule given as ours or as A1111 names or labels it, in any case; else one AnimaError line."""
     name = _BY_CASEFOLDED.get(text.casefold()) if isinstance(text, str) else None
+    require(not (name is None and isinstance(text, str) and text.casefold() in SDCPP_SCHEDULES_REFUSED),
+            f"stable-diffusion.cpp's schedule {shown(text)} is not implemented here: choose one of "
+            f"{', '.join(SCHEDULES)} (its discrete is normal here)")
     require(name is not None, f"unknown schedule {shown(text)}: choose one of {', '.join(SCHEDULES)} "
                               f"(or A1111's {', '.join(SCHEDULE_LABELS.values())}, Automatic, Uniform)")
     return name

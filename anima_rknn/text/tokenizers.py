@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import lzma
 import math
 import os
 import re
@@ -179,12 +180,33 @@ def _text_growth(tokenizer: Tokenizer, source: str) -> float:
     return growth
 
 
-def _load(folder: str | os.PathLike, side: str) -> Tokenizer:
+def tokenizer_file(folder: str | os.PathLike) -> Path:
+    """A tokenizer folder's file: tokenizer.json, or tokenizer.json.xz (how the package ships the real ones)."""
     path = Path(folder) / "tokenizer.json"
+    packed = path.with_name(path.name + ".xz")
+    return packed if not path.is_file() and packed.is_file() else path
+
+
+def _unpack(path: Path, limit: int) -> bytes:
+    """An .xz file's contents, never more than `limit` bytes unpacked (a small file may unpack to gigabytes)."""
+    unpacker = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+    try:
+        data = unpacker.decompress(read_small_file(path, limit), max_length=limit + 1)
+    except lzma.LZMAError as e:
+        raise Unreadable(f"not an intact .xz file ({e})") from None
+    if len(data) > limit:
+        raise Unreadable(f"unpacks to more than {limit} bytes")
+    if not unpacker.eof:
+        raise Unreadable("the .xz file is cut short")
+    return data
+
+
+def _load(folder: str | os.PathLike, side: str) -> Tokenizer:
+    path = tokenizer_file(folder)
     if not path.is_file():
         raise AnimaError(f"{side} tokenizer file not found: {path}")
     try:
-        raw = read_small_file(path, MAX_TOKENIZER_BYTES)
+        raw = _unpack(path, MAX_TOKENIZER_BYTES) if path.suffix == ".xz" else read_small_file(path, MAX_TOKENIZER_BYTES)
     except Unreadable as e:
         raise AnimaError(f"cannot read {side} tokenizer {path}: {e}") from None
     try:
@@ -216,8 +238,7 @@ class PromptTokenizer:
 
     @classmethod
     def from_dirs(cls, qwen_dir: str | os.PathLike, t5_dir: str | os.PathLike) -> PromptTokenizer:
-        return cls(_load(qwen_dir, "Qwen"), _load(t5_dir, "T5"), Path(qwen_dir) / "tokenizer.json",
-                   Path(t5_dir) / "tokenizer.json")
+        return cls(_load(qwen_dir, "Qwen"), _load(t5_dir, "T5"), tokenizer_file(qwen_dir), tokenizer_file(t5_dir))
 
     def _ids(self, side: str, chunk: str) -> list[int]:
         tokenizer = self.qwen if side == "Qwen" else self.t5

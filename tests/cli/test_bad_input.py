@@ -426,9 +426,9 @@ def test_two_runs_racing_to_one_path_cannot_both_succeed(model_dir, out_dir):
 
 def test_no_command_takes_a_number_that_may_be_nan():
     """click's FLOAT accepts "nan" and "inf"; every float option of every command uses the finite type instead."""
-    from anima_rknn.cli import cli, commands  # noqa: F401  (registers the commands)
+    from anima_rknn.cli import cli
 
-    floats = [f"{name} {param.name}" for name, command in cli.commands.items() for param in command.params
+    floats = [f"{name} {param.name}" for name, command in cli.load_all().items() for param in command.params
               if isinstance(param.type, (click.types.FloatParamType, click.FloatRange))]
     assert floats == []
 

@@ -72,8 +72,10 @@ def test_bad_input_is_one_line_and_writes_nothing(run_cli, model_dir, tmp_path, 
 
 
 def _advertised(help_text: str) -> list[tuple[str, str | None]]:
-    """(flag, metavar) of each option `--help` lists: the first long flag of the line, its metavar if any."""
-    found = re.findall(r"^  (?:-\w, )?(--[\w-]+)(?: / --[\w-]+)?(?: ([^\s][^ ]*))?(?:  |$)", help_text, re.M)
+    """(flag, metavar) of each option `--help` lists: the first long flag of the line (other spellings, such as
+    stable-diffusion.cpp's, after it), its metavar if any."""
+    found = re.findall(r"^  (?:-\w, )?(--[\w-]+)(?:, -[\w-]+)*(?: / --[\w-]+)?(?: ([^\s][^ \n]*))?(?:  |$)", help_text,
+                       re.M)
     return [(flag, metavar or None) for flag, metavar in found if flag != "--help"]
 
 

@@ -35,7 +35,7 @@ def test_bad_sampler_settings_are_one_line_and_exit_1_before_any_work(run_cli, m
 
 
 def test_the_unknown_sampler_line_lists_every_sampler(run_cli, model_dir, tmp_path):
-    result = run_cli("generate", "--model", model_dir, "-p", "cat", *FAST, "--sampler", "ddim",
+    result = run_cli("generate", "--model", model_dir, "-p", "cat", *FAST, "--sampler", "dpm_fast",
                      "-o", tmp_path / "x.png")
     assert result.code == 1 and all(f" {name} (" in result.err for name in SAMPLER_NAMES)
 
@@ -104,7 +104,7 @@ def test_bench_of_one_sampler_reads_as_before_and_bad_lists_are_refused(run_cli,
     assert report["settings"]["samplers"] == ["euler_ancestral"] and set(report["aggregate"]) == {"none"}
     assert {"baseline_seed4.png", "none_seed4.png", "steps_seed4.png"} <= {p.name for p in out.iterdir()}
     base = ("bench", "--model", model_dir, "-p", "cat", "-W", "32", "-H", "32")
-    _one_line(run_cli(*base, "--sampler", "euler,ddim", "--out", tmp_path / "a"), "unknown sampler 'ddim'")
+    _one_line(run_cli(*base, "--sampler", "euler,dpm_fast", "--out", tmp_path / "a"), "unknown sampler 'dpm_fast'")
     _one_line(run_cli(*base, "--sampler", "euler,Euler", "--out", tmp_path / "b"), "a sampler is listed twice")
     _one_line(run_cli(*base, "--sampler", "euler_ancestral,euler", "--eta", "0.5", "--out", tmp_path / "c"),
               "sampler euler has no eta")

@@ -32,7 +32,8 @@ runs in float32, the references in float64 or in their own float32):
     the predictor, at the full orders (towards a final 0 ours drop their orders as ComfyUI does, through order 2,
     where diffusers alters its coefficients), with tau 0 and tau 1 in the [0.2, 0.8] band, the same noise. Worst
     seen 2.4e-7.
-No flow UniPC / DEIS counterpart: we have no such sampler.
+UniPC (diffusers' UniPCMultistepScheduler) and DDIM (DDIMScheduler): tests/sampling/test_new_samplers.py. No flow DEIS
+counterpart: we have no such sampler.
 """
 
 from __future__ import annotations
