@@ -46,7 +46,7 @@ def test_good_lines_pass(line):
     ("generat --steps 2", "no such command: generat"),
     ("generate --stepz 2", "generate: No such option '--stepz'"),
     ("serve --vae-tile-size 512", "serve: No such option '--vae-tile-size'"),
-    ("generate --cache spectrumm", "generate: Invalid value for '--cache': 'spectrumm' is not one of"),
+    ("generate --cache spectrumm", "generate: --cache: cache must be one of none, spectrum"),
     ("serve --dtype fp8", "serve: Invalid value for '--dtype': 'fp8' is not one of"),
     ("generate --sampler er-sdee", "generate: --sampler: unknown sampler"),
     ("generate --scheduler karas", "generate: --scheduler: "),
