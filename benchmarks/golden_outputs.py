@@ -187,6 +187,17 @@ def cache_case(policy: str, preview: bool = False) -> Callable[[Workspace], JSON
     return run
 
 
+def case_auto_check_verify(ws: Workspace) -> JSON:
+    """--cache auto with a budget, check=1 (the partial pass moves the plan) and verify=1 (a flagged run is re-run
+    uncached from its first forecast): the two optional parts of auto, at two seeds."""
+    records = {}
+    for seed in ("2", "4"):  # seed 2: flagged, re-run from call 3; seed 4: not flagged
+        records[seed] = generate_case(ws, "-p", PROMPT, "--steps", STEPS, "--seed", seed, "--cache", "auto",
+                                      "--cache-option", "budget=5,check=1,verify=1", *BASE, *TORCH_VAE,
+                                      out=f"auto_{seed}.png")
+    return records
+
+
 def case_vae_backend_auto(ws: Workspace) -> JSON:
     """The default --vae-backend auto: a 64x64 image is smaller than the 512-px tile, so torch without probing."""
     record = generate_case(ws, "-p", PROMPT, "--steps", STEPS, "--cache", "spectrum", *BASE)
@@ -504,6 +515,7 @@ class Case:
 CASES = [
     *(Case(f"generate-{policy}", cache_case(policy, preview=policy == "spectrum"))
       for policy in ("none", "spectrum", "spectrum-plus", "reuse", "auto")),
+    Case("generate-auto-check-verify", case_auto_check_verify),
     Case("generate-vae-auto", case_vae_backend_auto),
     Case("onnx-backend", case_onnx_backend),
     Case("tiny-model", case_tiny_model),
