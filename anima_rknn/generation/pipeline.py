@@ -33,9 +33,13 @@ from ..export.manifest import MANIFEST
 from ..model.io import load_dit, load_llm_adapter, read_dit_config
 from ..model.lora import Lora, LoraRef, lora_fingerprints, open_loras
 from ..model.model_set import ModelFiles
-from ..sampling.caches import make_cache
+from ..sampling.auto_cache import fit_refusal
+from ..sampling.cache_fit import CacheFit, fit_of_model
+from ..sampling.cache_seam import ChecksForecasts
+from ..sampling.caches import make_cache, restore_cache, verifies
 from ..sampling.inpaint import Inpaint
-from ..sampling.sample import StepCallback, StepEvent, sample
+from ..sampling.rerun import sample_verified
+from ..sampling.sample import StepCallback, StepEvent
 from ..sampling.samplers import SAMPLERS, call_sigmas
 from ..text import PromptTokenizer, load_text_encoder, qwen3_config_from_shapes
 from ..vae import decode_tiled, load_vae, read_vae_config
@@ -135,6 +139,16 @@ class AnimaPipeline:
         self._dit_key: tuple | None = None
         self._loras: tuple[tuple, list[Lora]] | None = None
         self._conditioning: tuple[tuple, Conditioning] | None = None  # kept with the DiT: a seed sweep encodes once
+        self._cache_fit: tuple[str, CacheFit | None] | None = None  # (the DiT's fingerprint, its fit)
+
+    @property
+    def cache_fit(self) -> CacheFit | None:
+        """The model's cache numbers for `auto` (sampling.cache_fit: the file next to the DiT; None: it has none),
+        read again when the DiT file changes."""
+        dit = fingerprint(self.files.dit, "DiT")
+        if self._cache_fit is None or self._cache_fit[0] != dit:
+            self._cache_fit = dit, fit_of_model(self.files.dit, dit)
+        return self._cache_fit[1]
 
     def open_loras(self, refs: list[LoraRef], ignore_unmatched: bool = False) -> list[Lora]:
         """The LoRA files checked against this DiT (headers, key names, shapes); the last set is kept, so a run's
@@ -212,17 +226,17 @@ class AnimaPipeline:
             start = PassStart(0, params.passes()[0], initial_noise(params.seed, params.width, params.height))
         denoise_pass, sampler = start.denoise_pass, SAMPLERS[params.sampler]
         sigmas = denoise_pass.sigmas
-        cache = make_cache(denoise_pass.cache, params.model_calls(sigmas), denoise_pass.cache_options)
+        cache = make_cache(denoise_pass.cache, params.model_calls(sigmas), denoise_pass.cache_options, self.cache_fit)
         if resume is None:
             first, x, sampler_state = 0, start.latent, None
         else:
-            cache.restore(resume.cache_state)
+            cache = restore_cache(cache, resume.cache_state)
             first, x, sampler_state = resume.step, resume.latent, resume.sampler_state
         dit = self._load_dit(params.dtype, self.open_loras(params.loras, params.lora_ignore_unmatched))
         engine = make_engine(dit, params.backend, subgraphs=params.subgraphs if start.index == 0
                              else params.hires_subgraphs, width=denoise_pass.width, height=denoise_pass.height,
                              dit_path=self.files.dit, rknn=params.rknn)
-        cfg, probing = params.cfg, cache.needs_probe
+        cfg, probing = params.cfg, isinstance(cache, ChecksForecasts) and cache.check
         if probing:
             cache.attach_probe(FirstBlockProbe(engine, conditioning.positive))
 
@@ -241,9 +255,10 @@ class AnimaPipeline:
                 engine.fix_run(list(dict.fromkeys(call_sigmas(sampler, sigmas, first))),
                                [conditioning.positive, conditioning.negative][: 1 + (cfg != 1.0)])
                 return_freed_memory()
-            sampled = sample(sampler, denoise, x, sigmas, cache, on_step, seed=pass_seed(params.seed,
-                             denoise_pass.stream), eta=params.eta_value, s_noise=params.s_noise_value, start=first,
-                             state=sampler_state, inpaint=start.inpaint, interrupt=interrupt)
+            sampled = sample_verified(sampler, denoise, x, sigmas, cache, on_step,
+                                      verify=verifies(denoise_pass.cache_options), start=first, state=sampler_state,
+                                      seed=pass_seed(params.seed, denoise_pass.stream), eta=params.eta_value,
+                                      s_noise=params.s_noise_value, inpaint=start.inpaint, interrupt=interrupt)
         finally:
             engine.close()
         elapsed = time.perf_counter() - began + (resume.denoise_s if resume is not None else 0.0)
@@ -325,6 +340,9 @@ class AnimaPipeline:
         loras = [lora.identity() for lora in self.open_loras(params.loras, params.lora_ignore_unmatched)]
         passes = params.passes()
         for index, denoise_pass in enumerate(passes):
+            refusal = fit_refusal(denoise_pass.cache_options, self.cache_fit) if denoise_pass.cache == "auto" else None
+            if refusal is not None:
+                raise AnimaError(refusal)
             subgraphs = params.subgraphs if index == 0 else params.hires_subgraphs
             if index and params.backend != "torch" and subgraphs is None:
                 raise AnimaError(f"the hires pass on the {params.backend} backend runs a subgraph set made for "
