@@ -151,9 +151,9 @@ def sample(sampler: Sampler, denoise: Denoiser, x: np.ndarray, sigmas: np.ndarra
     planned = call_sigmas(sampler, sigmas) if sigmas.ndim == 1 and len(sigmas) >= 2 else []
     _check_inputs(sigmas, cache, len(planned), start)
     done_before = len(call_sigmas(sampler, sigmas[: start + 1]))
+    cache.set_sigmas(np.array([*planned, sigmas[-1]]), fresh_noise=sampler.adds_noise(eta, s_noise))
     if cache.report().calls != done_before:
         raise RuntimeError("this cache has already run; make a new cache for every run (or restore its state)")
-    cache.set_sigmas(np.array([*planned, sigmas[-1]]), fresh_noise=sampler.adds_noise(eta, s_noise))
     state = state or {}
     history: History = {key: [np.array(a, copy=True) for a in arrays]
                         for key, arrays in state.get("history", {}).items()}
