@@ -64,6 +64,7 @@ VOLATILE_KEYS = frozenset({
     "denoise_speedup_median",     # bench report aggregate
     "end_to_end_speedup_median",  # bench report aggregate
     "denoise_s",                  # server compare: {"cached": s, "baseline": s} (also inside "timings")
+    "baseline_denoise_s_median",  # bench report: the uncached side's median denoise time per sampler
     "worker",                     # batch and bench: host:pid of the worker
 })
 # Objects all of whose keys ending in "_s" are masked: generate --json's, a batch record's, a server job's

@@ -35,7 +35,7 @@ from ..model.lora import Lora, LoraRef, lora_fingerprints, open_loras
 from ..model.model_set import ModelFiles
 from ..sampling.auto_cache import fit_refusal
 from ..sampling.cache_fit import CacheFit, fit_of_model
-from ..sampling.cache_seam import ChecksForecasts
+from ..sampling.cache_seam import CachePolicy, ChecksForecasts
 from ..sampling.caches import make_cache, restore_cache, verifies
 from ..sampling.inpaint import Inpaint
 from ..sampling.rerun import sample_verified
@@ -215,10 +215,11 @@ class AnimaPipeline:
 
     def denoise(self, conditioning: Conditioning, params: GenerationParams, *, on_step: StepCallback | None = None,
                 resume: ResumeState | None = None, start: PassStart | None = None,
-                interrupt: Callable[[], bool] | None = None) -> Denoised:
+                interrupt: Callable[[], bool] | None = None, policy: CachePolicy | None = None) -> Denoised:
         """One sampler pass on the split engine: `start`'s (default: a text-to-image run's first, from its
         initial noise); `resume` continues it from a stopped run's state; `interrupt` ends it after the step
-        where it turns true, with that step's x0 (sampling.sample)."""
+        where it turns true, with that step's x0 (sampling.sample). `policy`: a step cache of the caller's (any
+        implementation of the seam, sampling.cache_seam) instead of the one the settings name."""
         params.validate()
         if start is None:
             if params.init_image is not None:
@@ -226,7 +227,8 @@ class AnimaPipeline:
             start = PassStart(0, params.passes()[0], initial_noise(params.seed, params.width, params.height))
         denoise_pass, sampler = start.denoise_pass, SAMPLERS[params.sampler]
         sigmas = denoise_pass.sigmas
-        cache = make_cache(denoise_pass.cache, params.model_calls(sigmas), denoise_pass.cache_options, self.cache_fit)
+        cache = policy or make_cache(denoise_pass.cache, params.model_calls(sigmas), denoise_pass.cache_options,
+                                     self.cache_fit)
         if resume is None:
             first, x, sampler_state = 0, start.latent, None
         else:

@@ -79,6 +79,19 @@ def damped_line(sigma: float, last: tuple[float, np.ndarray], before: tuple[floa
     return a + reach * (a - b)
 
 
+def forecast_x0(sigma: float, x: np.ndarray, last: tuple[float, np.ndarray, np.ndarray],
+                before: tuple[float, np.ndarray, np.ndarray]) -> np.ndarray:
+    """The forecast of x0 at `sigma` for the latent x (flat) from the last two computed calls' (sigma, x0, eps)
+    (flat): the damped lines of x0 and of eps, blended by sigma**2 (module docstring); flat float64."""
+    (sigma_a, x0_a, eps_a), (sigma_b, x0_b, eps_b) = ((s, x0.astype(np.float64), e.astype(np.float64))
+                                                      for s, x0, e in (last, before))
+    from_x0 = damped_line(sigma, (sigma_a, x0_a), (sigma_b, x0_b))
+    if sigma >= 1.0:
+        return from_x0
+    from_eps = (x.astype(np.float64) - sigma * damped_line(sigma, (sigma_a, eps_a), (sigma_b, eps_b))) / (1.0 - sigma)
+    return sigma**2 * from_x0 + (1.0 - sigma**2) * from_eps
+
+
 def probe_miss(features: np.ndarray, sigma: float, last: tuple[float, np.ndarray],
                before: tuple[float, np.ndarray]) -> float:
     """Relative L2 miss of a probe's features at `sigma` from the damped line through the (sigma, features) of the
@@ -346,15 +359,9 @@ class AutoCache:
         the float32 state)."""
         if self._fresh_noise:  # the last computed x0, held (module docstring)
             return self._anchors[-1][1].astype(np.float64)
-        (a, x0_a, eps_a), (b, x0_b, eps_b) = ((s, x0.astype(np.float64), e.astype(np.float64))
-                                              for s, x0, e in self._anchors[-2:][::-1])
-        sigma, sigma_a, sigma_b = self._sigmas[step - 1], self._sigmas[a - 1], self._sigmas[b - 1]
-        from_x0 = damped_line(sigma, (sigma_a, x0_a), (sigma_b, x0_b))
-        if sigma >= 1.0:
-            return from_x0
-        from_eps = (x.astype(np.float64) - sigma * damped_line(sigma, (sigma_a, eps_a), (sigma_b, eps_b))) \
-            / (1.0 - sigma)
-        return sigma**2 * from_x0 + (1.0 - sigma**2) * from_eps
+        (a, x0_a, eps_a), (b, x0_b, eps_b) = self._anchors[-2:][::-1]
+        return forecast_x0(self._sigmas[step - 1], x, (self._sigmas[a - 1], x0_a, eps_a),
+                           (self._sigmas[b - 1], x0_b, eps_b))
 
     @staticmethod
     def _features(features: np.ndarray) -> np.ndarray:
