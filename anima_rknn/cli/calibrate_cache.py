@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
-from ..bench.calibrate import calibrate, split_prompts
+from ..bench.calibrate import budgets, calibrate, runs_of, split_prompts
 from ..core.files import check_output_file, read_small_file
 from ..errors import AnimaError
 from ..generation.params import parse_seeds
@@ -48,10 +48,11 @@ def calibrate_cache(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer,
     seed_list = parse_seeds(seeds, MAX_SEEDS)
     base = params_from_cli(files, {**settings, "prompt": prompts[0], "seed": seed_list[0], "cache": "none"})
     pipeline = AnimaPipeline(files, keep_dit=True)
-    runs = len(prompts) * len(seed_list)
-    click.echo(f"calibrate-cache: {runs} uncached runs of {base.steps} steps at {base.width}x{base.height} "
-               f"({len(fit_prompts)} prompts to fit on, {len(check_prompts)} held out, {len(seed_list)} seeds); "
-               "the time left shows once the first run has made its steps", err=True)
+    runs = runs_of(len(prompts), len(seed_list), base.steps)
+    click.echo(f"calibrate-cache: {runs} runs of {base.steps} steps at {base.width}x{base.height} "
+               f"({len(fit_prompts)} prompts to fit on, {len(check_prompts)} held out, {len(seed_list)} seeds; each "
+               f"uncached, then auto at budgets {', '.join(map(str, budgets(base.steps)))}); the estimate of the time "
+               "follows the first run", err=True)
     began = time.perf_counter()
     with tqdm(total=runs * base.steps, desc="calibrate", unit="step", file=sys.stderr, dynamic_ncols=True) as bar:
         done = 0

@@ -267,6 +267,11 @@ class AutoCache:
         return list(self._checked)
 
     @property
+    def sigmas(self) -> list[float]:
+        """The sigma of every call and the run's last (set_sigmas)."""
+        return list(self._sigmas or [])
+
+    @property
     def measured_errors(self) -> list[float | None]:
         return list(self._errors)
 
