@@ -18,10 +18,12 @@ where x0 = (x - sigma eps) / (1 - sigma) also shrinks an eps error by sigma. Eps
 is asked about, eps = (x - (1 - sigma) x0) / sigma, so the forecast holds under any deterministic sampler. A
 sampler that adds fresh noise on its steps (ancestral, SDE, LCM) re-draws part of that eps every step, which no
 line through earlier steps foresees, and x0, computed from a latent with new noise in it, jitters about its path:
-under those the forecast holds the last computed x0 (er_sde on the demo tuning set, budget=8: 18.3 dB mean with the
-blend, 27.5 with x0's damped line, 32.1 held; budget=10: 31.7, 33.1, 36.7). A policy's steps are
-the run's model calls (two a step for heun and the like, whose second call may sit at the sigma of the next
-step's first: two computed calls at one sigma give no slope, and the forecast then holds x0 and eps).
+under those the forecast holds the last computed x0 (measured: docs/research/auto-cache-constants.md). A policy's
+steps are the run's model calls (two a step for heun and the like, whose second call may sit at the sigma of the
+next step's first: two computed calls at one sigma give no slope, and the forecast then holds x0 and eps).
+
+The numbers fitted to one model (the flag's and check's typical misses, the plan's growth and gain) come from that
+model's cache fit (sampling/cache_fit.py); without one, auto runs by tolerance alone and raises no flag.
 """
 
 from __future__ import annotations
@@ -173,8 +175,7 @@ class AutoCache:
         sigmas = [float(s) for s in np.asarray(sigmas, dtype=np.float64)]
         if len(sigmas) != self.num_steps + 1:
             raise RuntimeError(f"auto cache is set up for {self.num_steps} steps, got {len(sigmas)} sigmas")
-        # Measured (README, `check=1`): under fresh noise the first block's tokens jitter off any line, and the
-        # check then moves calls where they do harm (er_sde, budget=10: 33.0-33.6 dB mean against 36.3-37.3).
+        # Under fresh noise the first block's tokens jitter off any line (docs/research/auto-cache-constants.md).
         require(not (self.check and fresh_noise), "cache option check does not apply to a sampler that adds fresh "
                 "noise on its steps (it lowers their images); use a deterministic one, or eta / s_noise 0 where taken")
         self._sigmas, self._fresh_noise = sigmas, bool(fresh_noise)
