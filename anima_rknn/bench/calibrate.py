@@ -33,7 +33,8 @@ from ..generation.params import GenerationParams, uncached
 from ..generation.pipeline import AnimaPipeline
 from ..sampling.auto_cache import AutoCache, forecast_x0, probe_miss
 from ..sampling.cache_fit import CacheFit
-from ..sampling.cache_seam import CacheReport, Probe
+from ..sampling.cache_seam import Probe
+from ..sampling.caches import NoCache
 from ..sampling.sample import StepCallback
 
 DISTANCES = (1, 2, 3, 4)
@@ -50,15 +51,15 @@ class Call:
     tokens: np.ndarray  # the first block's output of the positive prompt's pass (flat float32)
 
 
-class Recorder:
-    """A step cache that computes every call and keeps it (the seam, sampling.cache_seam.CachePolicy, and the check
-    capability, ChecksForecasts, for the first block's tokens)."""
+class Recorder(NoCache):
+    """A step cache that computes every call and keeps it (the seam, as NoCache, and the check capability,
+    ChecksForecasts, for the first block's tokens)."""
 
     name = "record"
     check = True
 
     def __init__(self, num_steps: int) -> None:
-        self.num_steps = num_steps
+        super().__init__(num_steps)
         self.calls: list[Call] = []
         self._sigmas: list[float] = []
         self._probe: Probe | None = None
@@ -69,28 +70,14 @@ class Recorder:
     def set_sigmas(self, sigmas: np.ndarray, fresh_noise: bool = False) -> None:
         self._sigmas = [float(s) for s in sigmas]
 
-    def should_skip(self, x: np.ndarray | None = None) -> bool:
-        return False
-
-    def forecast(self, x: np.ndarray) -> np.ndarray:
-        raise RuntimeError("the recorder never forecasts")
-
-    def withdraw_forecast(self) -> None:
-        raise RuntimeError("the recorder never forecasts")
-
     def record(self, x: np.ndarray, x0: np.ndarray) -> None:
+        super().record(x, x0)
         tokens = self._probe.last()
         self.calls.append(Call(self._sigmas[len(self.calls)], np.asarray(x, np.float32).ravel().copy(),
                                np.asarray(x0, np.float32).ravel().copy(), np.asarray(tokens, np.float32).ravel().copy()))
 
-    def state(self) -> dict[str, Any]:
-        return {"calls": len(self.calls)}  # what a step event carries; a calibration run is never resumed
-
     def restore(self, state: dict[str, Any]) -> None:
         raise AnimaError("a calibration run is not resumed: run calibrate-cache again")
-
-    def report(self) -> CacheReport:
-        return CacheReport(list(range(1, len(self.calls) + 1)), [])
 
 
 @dataclass

@@ -48,13 +48,13 @@ class NoCache:
         return False
 
     def forecast(self, x: np.ndarray) -> np.ndarray:
-        raise RuntimeError("cache 'none' never forecasts")
+        raise RuntimeError(f"cache {self.name!r} never forecasts")
 
     def record(self, x: np.ndarray, x0: np.ndarray) -> None:
         self._recorded += 1
 
     def withdraw_forecast(self) -> None:
-        raise RuntimeError("cache 'none' never forecasts")
+        raise RuntimeError(f"cache {self.name!r} never forecasts")
 
     def state(self) -> dict[str, Any]:
         return {"count": self._recorded}
@@ -126,7 +126,7 @@ class ReuseCache:
         return CacheReport(self.computed_steps, self.skipped_steps)
 
 
-class UncachedRerun:
+class UncachedRerun(NoCache):
     """verify's re-run of a flagged run: the calls after its first `kept` (all computed: the last step before its
     first forecast) run the model again, every one. It reports those calls computed, an error of 0 (the image is
     the uncached one) and the flag of the run it replaced."""
@@ -134,23 +134,8 @@ class UncachedRerun:
     name = "rerun"
 
     def __init__(self, num_steps: int, kept: int, flagged: bool) -> None:
-        self.num_steps, self.kept, self.flagged = num_steps, kept, flagged
-        self._recorded = kept
-
-    def set_sigmas(self, sigmas: np.ndarray, fresh_noise: bool = False) -> None:
-        pass  # every call is computed
-
-    def should_skip(self, x: np.ndarray | None = None) -> bool:
-        return False
-
-    def forecast(self, x: np.ndarray) -> np.ndarray:
-        raise RuntimeError("verify's re-run never forecasts")
-
-    def record(self, x: np.ndarray, x0: np.ndarray) -> None:
-        self._recorded += 1
-
-    def withdraw_forecast(self) -> None:
-        raise RuntimeError("verify's re-run never forecasts")
+        super().__init__(num_steps)
+        self.kept, self.flagged, self._recorded = kept, flagged, kept
 
     def state(self) -> dict[str, Any]:
         return {RERUN_KEY: self.kept, "count": self._recorded, "flagged": self.flagged}
@@ -162,7 +147,7 @@ class UncachedRerun:
         self.kept, self._recorded, self.flagged = int(kept), int(count), flagged
 
     def report(self) -> CacheReport:
-        return CacheReport(list(range(1, self._recorded + 1)), [], 0.0, self.flagged)
+        return CacheReport(self.computed_steps, [], 0.0, self.flagged)
 
 
 RERUN_KEY = "rerun_after"  # marks UncachedRerun's state (an auto state of an earlier version had "rerun_from")
