@@ -219,8 +219,8 @@ class AnimaPipeline:
         """One sampler pass on the split engine: `start`'s (default: a text-to-image run's first, from its
         initial noise); `resume` continues it from a stopped run's state; `interrupt` ends it after the step
         where it turns true, with that step's x0 (sampling.sample). `policy`: a step cache of the caller's (any
-        implementation of the seam, sampling.cache_seam) instead of the one the settings name."""
-        params.validate()
+        implementation of the seam, sampling.cache_seam) instead of the one the settings name. `params` must have
+        been through prepare(), which validated them: a run validates its settings once."""
         if start is None:
             if params.init_image is not None:
                 raise AnimaError("an image-to-image pass starts from its encoded image: run it with generate()")
