@@ -345,7 +345,8 @@ def _front_end_unit(module: str) -> tuple[str, str] | None:
 
 
 def front_end_violations(graph: Graph) -> list[str]:
-    """A cli command module imports no other command module; a server route module no other route module."""
+    """A cli command module imports no other command module; a server route module no other route module; a
+    front-end package (batch/, bench/) no other one (batch runs the task bench hands it)."""
     problems = []
     for i in graph.imports:
         here = _front_end_unit(i.importer)
@@ -354,6 +355,10 @@ def front_end_violations(graph: Graph) -> list[str]:
             shared = "cli/options.py or a lower layer" if here[0] == "command" else "server/app.py or a lower layer"
             problems.append(f"{i.where}: front end imports front end: {here[0]} module {i.importer} imports "
                             f"{i.written}, another {here[0]} module (shared code goes to {shared}){i.how}")
+        elif i.target and _top(i.importer) in FRONT_END_PACKAGES and _top(i.target) in FRONT_END_PACKAGES \
+                and _top(i.importer) != _top(i.target):
+            problems.append(f"{i.where}: front end imports front end: {i.importer} imports {i.written}, of "
+                            f"another front-end package (hand it what it runs instead){i.how}")
     return problems
 
 
@@ -610,10 +615,15 @@ def test_checker_finds_front_ends_importing_front_ends_and_hand_made_results(tmp
         "server/a1111.py": "from .app import App\nx = gen.GenerationParams(prompt='x')\n",
         "server/app.py": "GenerationParams()\n",
         "batch/worker.py": "from anima_rknn.core.files import png_bytes\nb = png_bytes(1)\nGenerationParams()\n",
+        "batch/local.py": "from ..bench.run import Sweep\n",
+        "bench/__init__.py": "",
+        "bench/run.py": "",
         "generation/publish.py": "save_png(1)\npng_parameters(2)\n",
         "vae/preview.py": "save_png(1)\n",
     }))
     assert front_end_violations(graph) == [
+        "anima_rknn/batch/local.py:1: front end imports front end: anima_rknn.batch.local imports "
+        "anima_rknn.bench.run, of another front-end package (hand it what it runs instead)",
         "anima_rknn/cli/generate.py:2: front end imports front end: command module anima_rknn.cli.generate "
         "imports anima_rknn.cli.serve, another command module (shared code goes to cli/options.py or a "
         "lower layer)",

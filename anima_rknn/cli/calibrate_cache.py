@@ -8,7 +8,7 @@ import click
 from tqdm import tqdm
 
 from ..bench.calibrate import budgets, calibrate, runs_of, split_prompts
-from ..core.files import check_output_file, read_small_file
+from ..core.files import Unreadable, check_output_file, read_small_file
 from ..errors import AnimaError
 from ..generation.params import parse_seeds
 from ..generation.pipeline import AnimaPipeline
@@ -41,7 +41,7 @@ def calibrate_cache(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer,
     target = check_output_file(out or fit_path(files.dit), overwrite=overwrite, suffixes=(".json",))
     try:
         text = read_small_file(prompts_file, MAX_PROMPTS_BYTES).decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+    except (Unreadable, OSError, UnicodeDecodeError) as e:
         raise AnimaError(f"cannot read the prompts in {prompts_file}: {e}") from None
     prompts = [line.strip() for line in text.splitlines() if line.strip()]
     fit_prompts, check_prompts = split_prompts(prompts, held_out)

@@ -56,3 +56,11 @@ def test_too_few_prompts_are_refused_before_any_run(run_cli, own_set, tmp_path, 
     done = run_cli("calibrate-cache", "--model", own_set.dit.parents[2], "--prompts", tmp_path / "prompts.txt",
                    "--held-out", held_out, *RUN)
     assert done.code == 1 and named in done.err and not fit_path(own_set.dit).exists()
+
+
+def test_unreadable_prompts_are_one_line(run_cli, own_set, tmp_path):
+    (tmp_path / "bad.txt").write_bytes(b"\xff\xfe not text")
+    for prompts in (tmp_path / "missing.txt", tmp_path / "bad.txt"):
+        done = run_cli("calibrate-cache", "--model", own_set.dit.parents[2], "--prompts", prompts, *RUN)
+        assert done.code == 1 and done.err.startswith("error: cannot read the prompts") and len(
+            done.err.strip().splitlines()) == 1
