@@ -23,7 +23,8 @@ from ..core.memory import peak_rss
 from ..errors import AnimaError
 from ..generation.params import GenerationParams, uncached
 from ..generation.pipeline import AnimaPipeline
-from ..generation.result import Conditioning, DecodePlan, Denoised
+from ..engine.vae_plan import DecodePlan
+from ..generation.result import Conditioning, Denoised
 from ..sampling.caches import CACHE_NAMES, make_cache
 from ..sampling.sample import StepCallback, StepEvent
 from ..sampling.samplers import sampler_name

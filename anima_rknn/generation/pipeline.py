@@ -19,14 +19,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..core.cpu_speed import AUTO
 from ..core.files import cached_sha256
-from ..core.memory import available_bytes, return_freed_memory
+from ..core.memory import return_freed_memory
 from ..core.tensorfile import fingerprint, read_shapes
 from ..core.threads import use_threads
 from ..engine import FirstBlockProbe, RknnOptions, make_engine, subgraph_manifest
 from ..engine.backends.rknn import check_runtime
-from ..engine.vae_auto import choose_vae_backend
+from ..engine.vae_plan import DecodePlan, plan_decode, plan_encode
 from ..engine.vae_tiles import open_tile_decoder, open_tile_encoder, vae_set_manifest
 from ..errors import AnimaError
 from ..export.manifest import MANIFEST
@@ -43,7 +42,7 @@ from ..sampling.sample import StepCallback, StepEvent
 from ..sampling.samplers import SAMPLERS, call_sigmas
 from ..text import PromptTokenizer, load_text_encoder, qwen3_config_from_shapes
 from ..vae import decode_tiled, load_vae, read_vae_config
-from ..vae.tiling import encode_tiled, plan_encode_tiling, plan_tiling
+from ..vae.tiling import encode_tiled
 from .image_to_image import (
     Source,
     finish,
@@ -55,7 +54,7 @@ from .image_to_image import (
 )
 from .images import image_to_tensor
 from .params import DTYPES, MAX_PROMPT_TOKENS, DenoisePass, GenerationParams
-from .result import Conditioning, DecodePlan, Denoised, GenerationResult
+from .result import Conditioning, Denoised, GenerationResult
 from .resume import Interrupted
 
 if TYPE_CHECKING:
@@ -359,38 +358,15 @@ class AnimaPipeline:
                        else (passes[-1].width, passes[-1].height) if params.hires and params.hires_upscaler == "lanczos"
                        else None)
         if encode_size is not None:
-            plan = dataclasses.replace(plan, encode_tile=self._encode_tile(params, plan, *encode_size))
+            plan = dataclasses.replace(plan, encode_tile=plan_encode(self.files.vae, self.vae_config, params, plan,
+                                                                     *encode_size))
         if params.hires and params.hires_upscaler == "lanczos":
             self._vae_plan(params, params.width, params.height)  # the first pass's picture decodes too
         return plan
 
     def _vae_plan(self, params: GenerationParams, width: int, height: int) -> DecodePlan:
         """How a width x height picture decodes (prepare()'s plan, at that size)."""
-        if params.vae_backend == AUTO:
-            torch_tile = plan_tiling(self.vae_config, width, height, params.vae_tiling, params.vae_tile,
-                                     available_bytes())
-            backend, subgraphs = choose_vae_backend(self.files.vae, width, height, params.vae_tile,
-                                                    params.vae_overlap, tiling=params.vae_tiling != "off",
-                                                    torch_tile=torch_tile)
-            # onnx runs its set's tiles (an image of one tile is one tile): less memory than torch's plan.
-            return DecodePlan(torch_tile if backend == "torch" else params.vae_tile, params.vae_overlap, backend,
-                              subgraphs)
-        vae_set = vae_set_manifest(params.vae_backend, params.vae_subgraphs, self.files.vae, width, height)
-        if params.vae_backend == "rknn":  # refused now, not after the denoising, where there is no NPU runtime
-            check_runtime(vae_set["rknn"], params.rknn.runtime)
-        if vae_set is not None and vae_set["tile"] != params.vae_tile:
-            raise AnimaError(f"the VAE set in {params.vae_subgraphs} decodes {vae_set['tile']}-px tiles, asked for "
-                             f"{params.vae_tile}: pass --vae-tile-size {vae_set['tile']} or export another set")
-        tile = plan_tiling(self.vae_config, width, height, "on" if vae_set is not None else params.vae_tiling,
-                           params.vae_tile, available_bytes())
-        return DecodePlan(tile, params.vae_overlap, params.vae_backend, params.vae_subgraphs)
-
-    def _encode_tile(self, params: GenerationParams, plan: DecodePlan, width: int, height: int) -> int | None:
-        """The tile a width x height image encodes in on the plan's backend (None: one piece, on torch)."""
-        if plan.backend == "torch":
-            return plan_encode_tiling(self.vae_config, width, height, params.vae_tiling, params.vae_tile,
-                                      available_bytes())
-        return vae_set_manifest(plan.backend, plan.subgraphs, self.files.vae, width, height, encoder=True)["tile"]
+        return plan_decode(self.files.vae, self.vae_config, params, width, height)
 
     def fingerprints(self, params: GenerationParams) -> dict[str, str | None]:
         """What a resume state remembers of the model: the three checkpoint files (checkpoint.fingerprint) and
