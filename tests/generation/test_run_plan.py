@@ -1,5 +1,6 @@
 """A run is planned once: pipeline.generate validates its settings once and prepares once (the VAE plan, the
-subgraph sets, the cache fit's refusals), whatever the passes; the denoise passes take the validated settings."""
+subgraph sets, the cache fit's refusals); each denoise pass takes the validated settings (a hires run's two passes
+too: render() calls denoise() per pass, and denoise() validates nothing)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from anima_rknn.generation.pipeline import AnimaPipeline
 from anima_rknn.model.model_set import from_model_dir
 
 
-def test_generate_validates_and_prepares_once_over_two_passes(monkeypatch):
+def test_generate_validates_and_prepares_once(monkeypatch):
     torch.set_num_threads(1)
     counts = collections.Counter()
     validate, prepare = GenerationParams.validate, AnimaPipeline.prepare
@@ -28,8 +29,8 @@ def test_generate_validates_and_prepares_once_over_two_passes(monkeypatch):
 
     monkeypatch.setattr(GenerationParams, "validate", counted_validate)
     monkeypatch.setattr(AnimaPipeline, "prepare", counted_prepare)
-    params = GenerationParams(prompt="a red circle", steps=4, dtype="fp32", backend="torch", vae_backend="torch",
-                              cache="auto", hires=True, hires_steps=2, hires_upscaler="latent")
+    params = GenerationParams(prompt="a red circle", steps=3, dtype="fp32", backend="torch", vae_backend="torch",
+                              cache="auto")
     result = AnimaPipeline(from_model_dir(demo_model_dir())).generate(params)
-    assert result.image is not None and result.first_pass is not None
+    assert result.image is not None
     assert counts == {"validate": 1, "prepare": 1}
