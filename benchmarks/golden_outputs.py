@@ -64,6 +64,7 @@ VOLATILE_KEYS = frozenset({
     "denoise_speedup_median",     # bench report aggregate
     "end_to_end_speedup_median",  # bench report aggregate
     "denoise_s",                  # server compare: {"cached": s, "baseline": s} (also inside "timings")
+    "baseline_denoise_s_median",  # bench report: the uncached side's median denoise time per sampler
     "worker",                     # batch and bench: host:pid of the worker
     "stages",                     # generate's "timings" and bench's sides: seconds per stage of a pass
 })
@@ -186,6 +187,17 @@ def cache_case(policy: str, preview: bool = False) -> Callable[[Workspace], JSON
         return record
     run.__name__ = f"case_generate_{policy}"
     return run
+
+
+def case_auto_check_verify(ws: Workspace) -> JSON:
+    """--cache auto with a budget, check=1 (the partial pass moves the plan) and verify=1 (a flagged run is re-run
+    uncached from its first forecast): the two optional parts of auto, at two seeds."""
+    records = {}
+    for seed in ("2", "4"):  # seed 2: flagged, re-run from call 3; seed 4: not flagged
+        records[seed] = generate_case(ws, "-p", PROMPT, "--steps", STEPS, "--seed", seed, "--cache", "auto",
+                                      "--cache-option", "budget=5,check=1,verify=1", *BASE, *TORCH_VAE,
+                                      out=f"auto_{seed}.png")
+    return records
 
 
 def case_vae_backend_auto(ws: Workspace) -> JSON:
@@ -505,6 +517,7 @@ class Case:
 CASES = [
     *(Case(f"generate-{policy}", cache_case(policy, preview=policy == "spectrum"))
       for policy in ("none", "spectrum", "spectrum-plus", "reuse", "auto")),
+    Case("generate-auto-check-verify", case_auto_check_verify),
     Case("generate-vae-auto", case_vae_backend_auto),
     Case("onnx-backend", case_onnx_backend),
     Case("tiny-model", case_tiny_model),

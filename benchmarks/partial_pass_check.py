@@ -2,7 +2,7 @@
 
 DBCache-style: the first DiT block runs on the latent at hand (the positive prompt's pass only: 1 / blocks of a
 pass) and its output tokens are compared with their damped line through the last two computed steps
-(sampling.auto_cache.probe_miss); the miss over the typical miss at that sigma and distance (TYPICAL_PROBE_MISS)
+(sampling.auto_cache.probe_miss); the miss over the typical miss at that sigma and distance (the cache fit's typical_probe_miss)
 scales the step's charge in the plan, which may then compute the step. This script
 
 - fits the typical miss on the uncached runs of `tune` (every step computed, the first block's tokens kept by each
@@ -31,7 +31,8 @@ import anima_rknn.generation.pipeline as pipeline_module
 from anima_rknn.bench.metrics import spearman
 from anima_rknn.demo import demo_model_dir
 from anima_rknn.model.model_set import from_model_dir
-from anima_rknn.sampling.auto_cache import TYPICAL_PROBE_MISS, AutoCache, probe_miss
+from anima_rknn.sampling.auto_cache import AutoCache, probe_miss
+from anima_rknn.sampling.cache_fit import CacheFit
 
 # The variant not shipped, on `tune` only: (reserve kept back, ratio above which a forecast is refused).
 REFUSING = tuple((reserve, ratio) for reserve in (1, 2) for ratio in (1.5, 2.0))
@@ -40,8 +41,8 @@ REFUSING = tuple((reserve, ratio) for reserve in (1, 2) for ratio in (1.5, 2.0))
 class Recording(AutoCache):
     """Every step computed (budget = steps), each step's (sigma, first-block tokens) and measured x0 error kept."""
 
-    def __init__(self, num_steps: int) -> None:
-        super().__init__(num_steps, budget=num_steps, check=True)
+    def __init__(self, num_steps: int, fit: CacheFit) -> None:
+        super().__init__(num_steps, budget=num_steps, check=True, fit=fit)
         self.seen: list[tuple[float, np.ndarray]] = []
 
     def record(self, x: np.ndarray, x0: np.ndarray) -> None:
@@ -53,8 +54,8 @@ class Refusing(AutoCache):
     """`budget` planned with `reserve` calls kept back; a forecast whose check ratio exceeds `ratio` is refused
     (computed) while the reserve lasts, instead of the ratio moving the plan."""
 
-    def __init__(self, num_steps: int, budget: int, reserve: int, ratio: float) -> None:
-        super().__init__(num_steps, budget=budget - reserve, check=True)
+    def __init__(self, num_steps: int, fit: CacheFit, budget: int, reserve: int, ratio: float) -> None:
+        super().__init__(num_steps, budget=budget - reserve, check=True, fit=fit)
         self.kept, self.ratio, self.refused = reserve, ratio, 0
 
     def _forecasts(self, plan: tuple[float, float, float], scale: float = 1.0) -> bool:
@@ -87,8 +88,8 @@ def main() -> None:
     made: list = []
     factory = pipeline_module.make_cache
 
-    def make_cache(name: str, num_steps: int, options: dict | None = None):
-        made.append(factory(name, num_steps, options) if made_by is None else made_by(num_steps))
+    def make_cache(name: str, num_steps: int, options: dict | None = None, fit: CacheFit | None = None):
+        made.append(factory(name, num_steps, options, fit) if made_by is None else made_by(num_steps, fit))
         return made[-1]
 
     made_by = None
@@ -107,7 +108,7 @@ def main() -> None:
     references = {name: Reference(pipeline, *SETS[name], 20, 4.0, args.reference_dir) for name in {"tune", *names}}
     coef = fit_typical([run.seen for run in uncached(references["tune"])])
     print("typical first-block miss, fit on `tune`: ln miss = {:.2f} + {:.2f} sigma + ({:.2f} + {:.2f} sigma) ln d; "
-          "auto ships {}".format(*coef, TYPICAL_PROBE_MISS), file=sys.stderr)
+          "the demo's fit has {}".format(*coef, pipeline.cache_fit.typical_probe_miss), file=sys.stderr)
     header = ("| set | budget | check | passes mean + partial passes (pass-equivalents) | PSNR mean / worst | "
               "below 30 | forecasts the check computed / image |")
     lines = [header, "|---|---|---|---|---|---|---|"]

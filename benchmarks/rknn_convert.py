@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from anima_rknn.engine.memory_plan import loads_per_pass, parse_size, plan_memory, size
-from anima_rknn.engine.verify import capture_pass, verify_subgraphs
+from anima_rknn.engine.accuracy import capture_pass, verify_subgraphs
 from anima_rknn.errors import AnimaError
 from anima_rknn.export.onnx import export_subgraphs
 from anima_rknn.export.rknn import convert_subgraphs

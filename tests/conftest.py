@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
 import lzma
@@ -11,7 +12,8 @@ import pytest
 import torch
 
 from anima_rknn.demo.tiny_set import write_model_set
-from anima_rknn.model.model_set import ModelFiles
+from anima_rknn.model.model_set import DEMO_MODEL, ModelFiles
+from anima_rknn.sampling.cache_fit import fit_path, read_fit, write_fit
 
 # The real Qwen3 and T5 tokenizer.json files, xz-compressed, as the package ships them (anima_rknn/model/tokenizers/
 # README.md says where they come from and how they were checked; tests/data/tokenizers holds their 77 verified
@@ -43,6 +45,17 @@ def machine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_set(tmp_path_factory: pytest.TempPathFactory) -> ModelFiles:
     return write_model_set(tmp_path_factory.mktemp("models") / "tiny", "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def fitted_tiny_set(tmp_path_factory: pytest.TempPathFactory) -> ModelFiles:
+    """A tiny set (its own copy) with a cache fit next to its DiT, so that auto's budget, check and verify run on
+    it: the demo model's numbers, standing in for a fit of this set (a test needs numbers, not this set's)."""
+    files = write_model_set(tmp_path_factory.mktemp("models") / "tiny", "tiny", seed=0)
+    demo = read_fit(fit_path(DEMO_MODEL / "split_files" / "diffusion_models" / "anima-demo.safetensors"))
+    write_fit(fit_path(files.dit), dataclasses.replace(demo, dit=None, fitted_on="tests: the demo's numbers"),
+              overwrite=False)
+    return files
 
 
 @pytest.fixture(scope="session")

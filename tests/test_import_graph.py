@@ -312,10 +312,11 @@ def layer_violations(graph: Graph, layers: list[tuple[str, ...]] = LAYERS) -> li
 
 
 def cycle_violations(graph: Graph) -> list[str]:
-    """Strongly connected components of the module graph (imports under TYPE_CHECKING left out: they do not run)."""
+    """Strongly connected components of the module graph. Imports under TYPE_CHECKING count: they do not run, but a
+    circle hidden under them is still two modules that cannot be read, moved or tested apart."""
     edges: dict[tuple[str, str], list[Import]] = {}
     for i in graph.imports:
-        if i.target is not None and i.target != i.importer and not i.type_checking:
+        if i.target is not None and i.target != i.importer:
             edges.setdefault((i.importer, i.target), []).append(i)
     directed = nx.DiGraph(list(edges))
     problems = []
@@ -345,7 +346,8 @@ def _front_end_unit(module: str) -> tuple[str, str] | None:
 
 
 def front_end_violations(graph: Graph) -> list[str]:
-    """A cli command module imports no other command module; a server route module no other route module."""
+    """A cli command module imports no other command module; a server route module no other route module; a
+    front-end package (batch/, bench/) no other one (batch runs the task bench hands it)."""
     problems = []
     for i in graph.imports:
         here = _front_end_unit(i.importer)
@@ -354,6 +356,10 @@ def front_end_violations(graph: Graph) -> list[str]:
             shared = "cli/options.py or a lower layer" if here[0] == "command" else "server/app.py or a lower layer"
             problems.append(f"{i.where}: front end imports front end: {here[0]} module {i.importer} imports "
                             f"{i.written}, another {here[0]} module (shared code goes to {shared}){i.how}")
+        elif i.target and _top(i.importer) in FRONT_END_PACKAGES and _top(i.target) in FRONT_END_PACKAGES \
+                and _top(i.importer) != _top(i.target):
+            problems.append(f"{i.where}: front end imports front end: {i.importer} imports {i.written}, of "
+                            f"another front-end package (hand it what it runs instead){i.how}")
     return problems
 
 
@@ -579,7 +585,7 @@ def test_checker_finds_an_upward_import_and_an_unplaced_module(tmp_path):
     assert cycle_violations(graph) == []
 
 
-def test_checker_counts_a_type_checking_import_for_layers_not_for_cycles(tmp_path):
+def test_checker_counts_a_type_checking_import_for_layers_and_for_cycles(tmp_path):
     graph = scan(write_package(tmp_path, {
         "vae/__init__.py": "",
         "vae/preview.py": ("from typing import TYPE_CHECKING\nimport typing\n\nif TYPE_CHECKING:\n"
@@ -590,7 +596,11 @@ def test_checker_counts_a_type_checking_import_for_layers_not_for_cycles(tmp_pat
         "engine/__init__.py": "",
         "engine/split.py": "from anima_rknn.vae.preview import StepEvent\n",
     }))
-    assert cycle_violations(graph) == []
+    assert cycle_violations(graph) == [
+        "import cycle among 2 modules (anima_rknn.engine.split, anima_rknn.vae.preview): "
+        "anima_rknn.engine.split -> anima_rknn.vae.preview -> anima_rknn.engine.split; its imports:\n"
+        "    anima_rknn/engine/split.py:1: anima_rknn.engine.split -> anima_rknn.vae.preview\n"
+        "    anima_rknn/vae/preview.py:9: anima_rknn.vae.preview -> anima_rknn.engine.split (under TYPE_CHECKING)"]
     assert layer_violations(graph) == [
         "anima_rknn/vae/preview.py:9: upward import: anima_rknn.vae.preview (layer 3 components) imports "
         "anima_rknn.engine.split (layer 5 engine) (under TYPE_CHECKING)"]
@@ -615,10 +625,15 @@ def test_checker_finds_front_ends_importing_front_ends_and_hand_made_results(tmp
         "server/a1111.py": "from .app import App\nx = gen.GenerationParams(prompt='x')\n",
         "server/app.py": "GenerationParams()\n",
         "batch/worker.py": "from anima_rknn.core.files import png_bytes\nb = png_bytes(1)\nGenerationParams()\n",
+        "batch/local.py": "from ..bench.run import Sweep\n",
+        "bench/__init__.py": "",
+        "bench/run.py": "",
         "generation/publish.py": "save_png(1)\npng_parameters(2)\n",
         "vae/preview.py": "save_png(1)\n",
     }))
     assert front_end_violations(graph) == [
+        "anima_rknn/batch/local.py:1: front end imports front end: anima_rknn.batch.local imports "
+        "anima_rknn.bench.run, of another front-end package (hand it what it runs instead)",
         "anima_rknn/cli/generate.py:2: front end imports front end: command module anima_rknn.cli.generate "
         "imports anima_rknn.cli.serve, another command module (shared code goes to cli/options.py or a "
         "lower layer)",

@@ -8,14 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ..bench.run import RunCallback, Sweep
 from ..generation.resume import Interrupted, default_state_path
 from ..sampling.sample import StepCallback
-from .jobs import BatchJob
+from .jobs_file import BatchJob
 from .results import Outcome
-from .worker import Worker
+from .worker import Task, Worker
 
-Publish = Callable[[BatchJob, Outcome], None]
+Deliver = Callable[[BatchJob, Outcome], None]
 
 
 class LocalRunner:
@@ -23,13 +22,13 @@ class LocalRunner:
                  on_step: StepCallback | None = None) -> None:
         self.worker, self.folder, self.stop, self.on_step = worker, folder, stop, on_step
 
-    def run(self, jobs: list[BatchJob], publish: Publish) -> None:
+    def run(self, jobs: list[BatchJob], publish: Deliver) -> None:
         for job in jobs:
             if self.stop():  # a stop asked for between jobs ends here
                 raise Interrupted(None, 0, job.params.steps)
             publish(job, self.worker.run(job, default_state_path(self.folder / job.image), self.on_step, self.stop))
 
-    def bench(self, jobs: list[BatchJob], sweep: Sweep, publish: Publish, on_run: RunCallback | None = None) -> None:
-        """Each job as one seed of a bench sweep (Worker.bench); nothing to resume: a report is made whole."""
+    def run_tasks(self, jobs: list[BatchJob], task: Task, deliver: Deliver) -> None:
+        """`task` for each job (Worker.run_task); nothing to resume: a task's result is made whole."""
         for job in jobs:
-            publish(job, self.worker.bench(job, sweep, on_run, self.on_step))
+            deliver(job, self.worker.run_task(job, task, self.on_step))

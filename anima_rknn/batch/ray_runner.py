@@ -23,17 +23,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..bench.run import Sweep
 from ..checks import is_number
 from ..core.files import cache_dir
 from ..core.memory import freeze_long_lived
 from ..errors import AnimaError
 from ..model.model_set import ModelFiles
 from ..sampling.sample import StepCallback
-from .jobs import BatchJob
-from .local import Publish
+from .jobs_file import BatchJob
+from .local import Deliver
 from .results import Outcome
-from .worker import Expected, Worker, package_version, worker_name
+from .worker import Expected, Task, Worker, package_version, worker_name
 
 LOCAL = "local"  # --ray local: a private one-machine cluster, started and stopped with the batch
 ACTOR_RESTARTS = 3  # a worker that keeps dying is given up after this many restarts
@@ -193,9 +192,9 @@ class RayRunner:
         actor = self.ray.remote(**_actor_options(self.resources))(RemoteWorker)
         return [actor.remote(self.files, self.keep_models, self.checkpoint_every) for _ in range(self.count)]
 
-    def run(self, jobs: list[BatchJob], publish: Publish, sweep: Sweep | None = None) -> None:
-        """Every job, published as it comes back; with `sweep`, each job is one seed of that bench sweep
-        (Worker.bench) instead of one image."""
+    def run(self, jobs: list[BatchJob], publish: Deliver, task: Task | None = None) -> None:
+        """Every job, published as it comes back; with `task`, each job is that task (Worker.run_task: bench's
+        seeds) instead of one image."""
         if not jobs:
             return
         ray = self.ray
@@ -214,7 +213,7 @@ class RayRunner:
         while pending or running:
             while idle and pending:
                 actor, job = idle.pop(), pending.popleft()
-                running[actor.run.remote(job) if sweep is None else actor.bench.remote(job, sweep)] = (actor, job)
+                running[actor.run.remote(job) if task is None else actor.run_task.remote(job, task)] = (actor, job)
                 if self.on_dispatch is not None:
                     self.on_dispatch(job, names.get(actor, "?"))
             if not running and not checking:
@@ -267,7 +266,7 @@ class RayRunner:
             idle.append(actor)
 
     @staticmethod
-    def _publish_once(job: BatchJob, outcome: Outcome, publish: Publish, published: set[str]) -> None:
+    def _publish_once(job: BatchJob, outcome: Outcome, publish: Deliver, published: set[str]) -> None:
         # One job is on one worker at a time, so each outcome arrives once; this keeps that a fact.
         if job.id in published:
             raise AssertionError(f"job {job.id} finished twice")

@@ -12,7 +12,7 @@ import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core.files import (
     Unreadable,
@@ -26,10 +26,7 @@ from ..core.files import (
 )
 from ..errors import AnimaError
 from ..generation.params import canonical_settings
-from .jobs import MAX_JOBS, BatchJob
-
-if TYPE_CHECKING:
-    from ..bench.run import BenchResult
+from .jobs_file import MAX_JOBS, BatchJob
 
 RESULTS = "results.jsonl"
 MAX_RESULTS_BYTES = MAX_JOBS * (16 << 10)  # records are about 1 KiB; long prompts make them longer
@@ -48,7 +45,7 @@ class Outcome:
     png: bytes | None = None
     summary: dict[str, Any] | None = None  # GenerationResult.summary
     error: str | None = None
-    bench: BenchResult | None = None  # a bench job's (Worker.bench): one seed's runs
+    result: Any = None  # a task's (Worker.run_task): bench's, one seed's runs
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -10,20 +10,30 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..bench.run import RunCallback, SeedBench, Sweep
+from typing import Any, Protocol
+
 from ..errors import AnimaError
 from ..generation.params import GenerationParams
 from ..generation.pipeline import AnimaPipeline
 from ..jobs.runner import JobRunner, saved_state
 from ..model.model_set import ModelFiles
 from ..sampling.sample import StepCallback
-from .jobs import BatchJob
+from .jobs_file import BatchJob
 from .results import Outcome
 
 # Model expectations the driver sends: for each kind of run in the batch, its settings and the fingerprints
 # the driver's own files have (pipeline.fingerprints).
 Expected = list[tuple[GenerationParams, dict[str, str | None]]]
 WHAT = {"subgraphs": "subgraph set", "loras": "set of LoRA files"}  # fingerprints' names, in words
+
+
+class Task(Protocol):
+    """Work a worker runs for a job instead of making its image (bench's seeds: bench.run.SweepTask). `kept` is
+    what this worker's last task returned to keep (None at first), so a task can reuse its set-up across jobs."""
+
+    def run(self, pipeline: AnimaPipeline, params: GenerationParams, kept: Any,
+            on_step: StepCallback | None) -> tuple[Any, Any]:
+        """(the job's result, what to keep for this worker's next task)."""
 
 
 def worker_name() -> str:
@@ -45,7 +55,7 @@ class Worker:
         self.pipeline = AnimaPipeline(files.check(), keep_dit=keep_models)
         self.runner = JobRunner(self.pipeline, checkpoint_every=checkpoint_every, warn=warn)
         self.name = worker_name()
-        self.seed_bench: SeedBench | None = None
+        self.kept: Any = None  # what the last task kept (Task.run)
 
     def check(self, expected: Expected, driver_version: str) -> tuple[str, str | None]:
         """(this worker's name, None) when it would make the driver's images: the same package version, and
@@ -76,17 +86,11 @@ class Worker:
             return Outcome(job.id, self.name, time.perf_counter() - start, error=str(e))
         return Outcome(job.id, self.name, time.perf_counter() - start, png=published.png, summary=published.record)
 
-    def bench(self, job: BatchJob, sweep: Sweep, on_run: RunCallback | None = None,
-              on_step: StepCallback | None = None) -> Outcome:
-        """One seed of a bench sweep: the baseline and each cached policy at the job's seed, timed on this worker.
-        The prompt is encoded and torch warmed up once for all the seeds of one setting this worker gets."""
+    def run_task(self, job: BatchJob, task: Task, on_step: StepCallback | None = None) -> Outcome:
+        """`task` for the job, on this worker's pipeline; its result in the Outcome."""
         start = time.perf_counter()
         try:
-            if self.seed_bench is None or not self.seed_bench.takes(job.params, sweep):
-                self.seed_bench = SeedBench(self.pipeline, job.params, sweep)
-            result = self.seed_bench.run(job.params.seed, on_run, on_step)
+            result, self.kept = task.run(self.pipeline, job.params, self.kept, on_step)
         except AnimaError as e:
             return Outcome(job.id, self.name, time.perf_counter() - start, error=str(e))
-        for seed_result in result.seeds:  # one per sampler of the sweep
-            seed_result.worker = self.name
-        return Outcome(job.id, self.name, time.perf_counter() - start, bench=result)
+        return Outcome(job.id, self.name, time.perf_counter() - start, result=result)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,7 +23,8 @@ from ..core.memory import peak_rss
 from ..errors import AnimaError
 from ..generation.params import GenerationParams, uncached
 from ..generation.pipeline import AnimaPipeline
-from ..generation.result import Conditioning, DecodePlan, Denoised
+from ..engine.vae_plan import DecodePlan
+from ..generation.result import Conditioning, Denoised
 from ..sampling.caches import CACHE_NAMES, make_cache
 from ..sampling.sample import StepCallback, StepEvent
 from ..sampling.samplers import sampler_name
@@ -173,9 +175,9 @@ class Sweep:
 class SeedBench:
     """One pipeline benching one setting seed by seed: checked, encoded and warmed up once, at the start.
 
-    The unit of work the batch runners hand a worker (batch.worker.Worker.bench), locally or over Ray: each seed's
-    baseline and cached runs are made by one worker, one after another, so their timings compare. Build the
-    pipeline with keep_dit=True so the DiT is loaded once for all runs."""
+    What a batch worker keeps between the seeds SweepTask hands it, locally or over Ray: each seed's baseline and
+    cached runs are made by one worker, one after another, so their timings compare. Build the pipeline with
+    keep_dit=True so the DiT is loaded once for all runs."""
 
     def __init__(self, pipeline: AnimaPipeline, params: GenerationParams, sweep: Sweep) -> None:
         if sweep.repeats < 1:
@@ -219,6 +221,23 @@ class SeedBench:
                         for label, side in sides.items()}
             seeds.append(SeedResult(seed, per_side.pop(BASELINE), per_side, sampler=sampler))
         return BenchResult(self.conditioning, self.encode_peak_rss_bytes, self.sweep.repeats, seeds, self.plan)
+
+
+@dataclass(frozen=True)
+class SweepTask:
+    """One seed of a bench sweep, as a batch worker runs it (batch.worker.Task): the baseline and each cached
+    policy at the job's seed, timed on that worker. The prompt is encoded and torch warmed up once for all the
+    seeds of one setting a worker gets (the SeedBench it keeps). `on_run` only where the worker is in this
+    process (it does not travel to a Ray worker)."""
+
+    sweep: Sweep
+    on_run: RunCallback | None = None
+
+    def run(self, pipeline: AnimaPipeline, params: GenerationParams, kept: Any,
+            on_step: StepCallback | None) -> tuple[BenchResult, SeedBench]:
+        bench = kept if isinstance(kept, SeedBench) and kept.takes(params, self.sweep) \
+            else SeedBench(pipeline, params, self.sweep)
+        return bench.run(params.seed, self.on_run, on_step), bench
 
 
 def merge(results: Sequence[BenchResult]) -> BenchResult:

@@ -6,8 +6,8 @@ import sys
 import click
 from tqdm import tqdm
 
-from ..batch.jobs import BatchJob, prepare_jobs, read_jobs
-from ..batch.local import LocalRunner, Publish
+from ..batch.jobs_file import BatchJob, prepare_jobs, read_jobs
+from ..batch.local import Deliver, LocalRunner
 from ..batch.ray_runner import open_ray_runner
 from ..batch.results import RESULTS, Outcome, Results, locked_results
 from ..batch.worker import Worker
@@ -94,7 +94,7 @@ def batch(jobs_file, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer
                          "and running the same command again retries them")
 
 
-def run_local(jobs: list[BatchJob], results: Results, worker: Worker, bar: tqdm, publish: Publish) -> None:
+def run_local(jobs: list[BatchJob], results: Results, worker: Worker, bar: tqdm, publish: Deliver) -> None:
     """In this process; Ctrl-C / SIGTERM stops the running job after its step and keeps its resume state."""
     def on_step(event: StepEvent) -> None:
         bar.set_postfix_str(f"step {event.step}/{event.total}")

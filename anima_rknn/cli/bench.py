@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 from tqdm import tqdm
 
-from ..batch.jobs import BatchJob, one_sweep, prepare_jobs, read_jobs
+from ..batch.jobs_file import BatchJob, one_sweep, prepare_jobs, read_jobs
 from ..batch.local import LocalRunner
 from ..batch.ray_runner import open_ray_runner
 from ..batch.results import Outcome
@@ -137,9 +137,11 @@ def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, caches, s
         parts: dict[str, BenchResult] = {}
 
         def publish(job: BatchJob, outcome: Outcome) -> None:
-            if outcome.bench is None:
+            if outcome.result is None:
                 raise AnimaError(f"seed {job.params.seed}: {outcome.error}")
-            parts[job.id] = outcome.bench
+            for seed_result in outcome.result.seeds:  # one per sampler of the sweep
+                seed_result.worker = outcome.worker
+            parts[job.id] = outcome.result
             if ray is not None:  # a worker's steps are not seen here: the bar moves a seed at a time
                 bar.set_postfix_str(f"seed {job.params.seed} from {outcome.worker}")
                 bar.update(repeat * sides * steps)
@@ -157,9 +159,10 @@ def bench(model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, caches, s
                 # the run's step number, not a count of events: verify's re-run goes back over steps already done
                 bar.update((runs_begun - 1) * steps + event.step - bar.n)
 
-            LocalRunner(Worker(files, keep_models=True), out_dir, on_step=on_step).bench(jobs, sweep, publish, on_run)
+            LocalRunner(Worker(files, keep_models=True), out_dir, on_step=on_step).run_tasks(
+                jobs, run_module.SweepTask(sweep, on_run), publish)
         else:
-            ray.run(jobs, publish, sweep)
+            ray.run(jobs, publish, run_module.SweepTask(sweep))
     result = run_module.merge([parts[job.id] for job in jobs])
 
     report = report_module.build_report(result, files.dit.name, report_module.Thresholds(min_psnr, min_ssim))

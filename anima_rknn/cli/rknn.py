@@ -12,8 +12,8 @@ import torch
 from ..core.files import json_text
 from ..engine.backends.rknn import RUNTIMES
 from ..engine.memory_plan import parse_size, plan_memory, plan_vae, predict_memory
-from ..engine.verify import DEFAULT_MIN_COSINE, accuracy_table, converted_size, flagged, verify_dit_set
-from ..engine.verify_vae import DEFAULT_MIN_PSNR, verify_vae_encoder, verify_vae_set
+from ..engine.accuracy import DEFAULT_MIN_COSINE, accuracy_table, converted_size, flagged, verify_dit_set
+from ..engine.vae_accuracy import DEFAULT_MIN_PSNR, verify_vae_encoder, verify_vae_set
 from ..errors import AnimaError
 from ..export.manifest import VAE_ENCODER_KIND, read_manifest, set_kind, vae_entry
 from ..export.onnx import token_count

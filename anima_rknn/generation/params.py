@@ -26,6 +26,7 @@ from ..engine.backends.rknn import RknnOptions
 from ..engine.vae_tiles import VAE_BACKENDS
 from ..errors import AnimaError
 from ..model.lora import MAX_LORAS, LoraRef, lora_refs, prompt_loras
+from ..sampling.auto_cache import check_refusal
 from ..sampling.caches import CACHE_NAMES, make_cache
 from ..sampling.samplers import SAMPLER_NAMES, SAMPLERS, call_sigmas, sampler_and_scheduler, sampler_name
 from ..sampling.schedule import SCHEDULES, flow_sigmas, schedule_name, strength_start
@@ -277,6 +278,10 @@ class GenerationParams:
         self._validate_image_to_image()
         sampler = SAMPLERS[self.sampler]
         for denoise_pass in self.passes():  # bad cache options fail now too, and those the sampler rules out
+            if denoise_pass.cache == "auto" and denoise_pass.cache_options.get("check"):
+                refusal = check_refusal(self.sampler)
+                if refusal is not None:
+                    raise AnimaError(refusal)
             cache = make_cache(denoise_pass.cache, self.model_calls(denoise_pass.sigmas), denoise_pass.cache_options)
             cache.set_sigmas(np.array([*call_sigmas(sampler, denoise_pass.sigmas), denoise_pass.sigmas[-1]]),
                              fresh_noise=sampler.adds_noise(self.eta_value, self.s_noise_value))

@@ -19,27 +19,30 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..core.cpu_speed import AUTO
 from ..core.files import cached_sha256
-from ..core.memory import available_bytes, return_freed_memory
+from ..core.memory import return_freed_memory
 from ..core.tensorfile import fingerprint, read_shapes
 from ..core.threads import use_threads
 from ..engine import FirstBlockProbe, RknnOptions, make_engine, subgraph_manifest
 from ..engine.backends.rknn import check_runtime
-from ..engine.vae_auto import choose_vae_backend
+from ..engine.vae_plan import DecodePlan, plan_decode, plan_encode
 from ..engine.vae_tiles import open_tile_decoder, open_tile_encoder, vae_set_manifest
 from ..errors import AnimaError
 from ..export.manifest import MANIFEST
 from ..model.io import load_dit, load_llm_adapter, read_dit_config
 from ..model.lora import Lora, LoraRef, lora_fingerprints, open_loras
 from ..model.model_set import ModelFiles
-from ..sampling.caches import make_cache
+from ..sampling.auto_cache import fit_refusal
+from ..sampling.cache_fit import CacheFit, fit_of_model
+from ..sampling.cache_seam import CachePolicy, ChecksForecasts
+from ..sampling.caches import make_cache, restore_cache, verifies
 from ..sampling.inpaint import Inpaint
-from ..sampling.sample import StepCallback, StepEvent, sample
+from ..sampling.rerun import sample_verified
+from ..sampling.sample import StepCallback, StepEvent
 from ..sampling.samplers import SAMPLERS, call_sigmas
 from ..text import PromptTokenizer, load_text_encoder, qwen3_config_from_shapes
 from ..vae import decode_tiled, load_vae, read_vae_config
-from ..vae.tiling import encode_tiled, plan_encode_tiling, plan_tiling
+from ..vae.tiling import encode_tiled
 from .image_to_image import (
     Source,
     finish,
@@ -51,7 +54,7 @@ from .image_to_image import (
 )
 from .images import image_to_tensor
 from .params import DTYPES, MAX_PROMPT_TOKENS, DenoisePass, GenerationParams
-from .result import Conditioning, DecodePlan, Denoised, GenerationResult, passes_per_call
+from .result import Conditioning, Denoised, GenerationResult, passes_per_call
 from .resume import Interrupted
 
 if TYPE_CHECKING:
@@ -135,6 +138,16 @@ class AnimaPipeline:
         self._dit_key: tuple | None = None
         self._loras: tuple[tuple, list[Lora]] | None = None
         self._conditioning: tuple[tuple, Conditioning] | None = None  # kept with the DiT: a seed sweep encodes once
+        self._cache_fit: tuple[str, CacheFit | None] | None = None  # (the DiT's fingerprint, its fit)
+
+    @property
+    def cache_fit(self) -> CacheFit | None:
+        """The model's cache numbers for `auto` (sampling.cache_fit: the file next to the DiT; None: it has none),
+        read again when the DiT file changes."""
+        dit = fingerprint(self.files.dit, "DiT")
+        if self._cache_fit is None or self._cache_fit[0] != dit:
+            self._cache_fit = dit, fit_of_model(self.files.dit, dit)
+        return self._cache_fit[1]
 
     def open_loras(self, refs: list[LoraRef], ignore_unmatched: bool = False) -> list[Lora]:
         """The LoRA files checked against this DiT (headers, key names, shapes); the last set is kept, so a run's
@@ -201,30 +214,32 @@ class AnimaPipeline:
 
     def denoise(self, conditioning: Conditioning, params: GenerationParams, *, on_step: StepCallback | None = None,
                 resume: ResumeState | None = None, start: PassStart | None = None,
-                interrupt: Callable[[], bool] | None = None) -> Denoised:
+                interrupt: Callable[[], bool] | None = None, policy: CachePolicy | None = None) -> Denoised:
         """One sampler pass on the split engine: `start`'s (default: a text-to-image run's first, from its
         initial noise); `resume` continues it from a stopped run's state; `interrupt` ends it after the step
-        where it turns true, with that step's x0 (sampling.sample)."""
-        params.validate()
+        where it turns true, with that step's x0 (sampling.sample). `policy`: a step cache of the caller's (any
+        implementation of the seam, sampling.cache_seam) instead of the one the settings name. `params` must have
+        been through prepare(), which validated them: a run validates its settings once."""
         if start is None:
             if params.init_image is not None:
                 raise AnimaError("an image-to-image pass starts from its encoded image: run it with generate()")
             start = PassStart(0, params.passes()[0], initial_noise(params.seed, params.width, params.height))
         denoise_pass, sampler = start.denoise_pass, SAMPLERS[params.sampler]
         sigmas = denoise_pass.sigmas
-        cache = make_cache(denoise_pass.cache, params.model_calls(sigmas), denoise_pass.cache_options)
+        cache = policy or make_cache(denoise_pass.cache, params.model_calls(sigmas), denoise_pass.cache_options,
+                                     self.cache_fit)
         if resume is None:
             first, x, sampler_state = 0, start.latent, None
         else:
-            cache.restore(resume.cache_state)
+            cache = restore_cache(cache, resume.cache_state)
             first, x, sampler_state = resume.step, resume.latent, resume.sampler_state
         dit = self._load_dit(params.dtype, self.open_loras(params.loras, params.lora_ignore_unmatched))
         engine = make_engine(dit, params.backend, subgraphs=params.subgraphs if start.index == 0
                              else params.hires_subgraphs, width=denoise_pass.width, height=denoise_pass.height,
                              dit_path=self.files.dit, rknn=params.rknn)
-        cfg, probing = params.cfg, cache.needs_probe
+        cfg, probing = params.cfg, isinstance(cache, ChecksForecasts) and cache.check
         if resume is not None:  # counted over the same span as the steps (the cache's, the whole run's)
-            engine.passes = len(cache.computed_steps) * (1 + (cfg != 1.0))
+            engine.passes = len(cache.report().computed_steps) * passes_per_call(cfg)
             engine.subgraph_runs = engine.passes * 3 * len(dit.blocks)
         if probing:
             cache.attach_probe(FirstBlockProbe(engine, conditioning.positive))
@@ -244,9 +259,10 @@ class AnimaPipeline:
                 engine.fix_run(list(dict.fromkeys(call_sigmas(sampler, sigmas, first))),
                                [conditioning.positive, conditioning.negative][: passes_per_call(cfg)])
                 return_freed_memory()
-            sampled = sample(sampler, denoise, x, sigmas, cache, on_step, seed=pass_seed(params.seed,
-                             denoise_pass.stream), eta=params.eta_value, s_noise=params.s_noise_value, start=first,
-                             state=sampler_state, inpaint=start.inpaint, interrupt=interrupt)
+            sampled = sample_verified(sampler, denoise, x, sigmas, cache, on_step,
+                                      verify=verifies(denoise_pass.cache_options), start=first, state=sampler_state,
+                                      seed=pass_seed(params.seed, denoise_pass.stream), eta=params.eta_value,
+                                      s_noise=params.s_noise_value, inpaint=start.inpaint, interrupt=interrupt)
         finally:
             engine.close()
         elapsed = time.perf_counter() - began + (resume.denoise_s if resume is not None else 0.0)
@@ -329,6 +345,9 @@ class AnimaPipeline:
         loras = [lora.identity() for lora in self.open_loras(params.loras, params.lora_ignore_unmatched)]
         passes = params.passes()
         for index, denoise_pass in enumerate(passes):
+            refusal = fit_refusal(denoise_pass.cache_options, self.cache_fit) if denoise_pass.cache == "auto" else None
+            if refusal is not None:
+                raise AnimaError(refusal)
             subgraphs = params.subgraphs if index == 0 else params.hires_subgraphs
             if index and params.backend != "torch" and subgraphs is None:
                 raise AnimaError(f"the hires pass on the {params.backend} backend runs a subgraph set made for "
@@ -343,38 +362,15 @@ class AnimaPipeline:
                        else (passes[-1].width, passes[-1].height) if params.hires and params.hires_upscaler == "lanczos"
                        else None)
         if encode_size is not None:
-            plan = dataclasses.replace(plan, encode_tile=self._encode_tile(params, plan, *encode_size))
+            plan = dataclasses.replace(plan, encode_tile=plan_encode(self.files.vae, self.vae_config, params, plan,
+                                                                     *encode_size))
         if params.hires and params.hires_upscaler == "lanczos":
             self._vae_plan(params, params.width, params.height)  # the first pass's picture decodes too
         return plan
 
     def _vae_plan(self, params: GenerationParams, width: int, height: int) -> DecodePlan:
         """How a width x height picture decodes (prepare()'s plan, at that size)."""
-        if params.vae_backend == AUTO:
-            torch_tile = plan_tiling(self.vae_config, width, height, params.vae_tiling, params.vae_tile,
-                                     available_bytes())
-            backend, subgraphs = choose_vae_backend(self.files.vae, width, height, params.vae_tile,
-                                                    params.vae_overlap, tiling=params.vae_tiling != "off",
-                                                    torch_tile=torch_tile)
-            # onnx runs its set's tiles (an image of one tile is one tile): less memory than torch's plan.
-            return DecodePlan(torch_tile if backend == "torch" else params.vae_tile, params.vae_overlap, backend,
-                              subgraphs)
-        vae_set = vae_set_manifest(params.vae_backend, params.vae_subgraphs, self.files.vae, width, height)
-        if params.vae_backend == "rknn":  # refused now, not after the denoising, where there is no NPU runtime
-            check_runtime(vae_set["rknn"], params.rknn.runtime)
-        if vae_set is not None and vae_set["tile"] != params.vae_tile:
-            raise AnimaError(f"the VAE set in {params.vae_subgraphs} decodes {vae_set['tile']}-px tiles, asked for "
-                             f"{params.vae_tile}: pass --vae-tile-size {vae_set['tile']} or export another set")
-        tile = plan_tiling(self.vae_config, width, height, "on" if vae_set is not None else params.vae_tiling,
-                           params.vae_tile, available_bytes())
-        return DecodePlan(tile, params.vae_overlap, params.vae_backend, params.vae_subgraphs)
-
-    def _encode_tile(self, params: GenerationParams, plan: DecodePlan, width: int, height: int) -> int | None:
-        """The tile a width x height image encodes in on the plan's backend (None: one piece, on torch)."""
-        if plan.backend == "torch":
-            return plan_encode_tiling(self.vae_config, width, height, params.vae_tiling, params.vae_tile,
-                                      available_bytes())
-        return vae_set_manifest(plan.backend, plan.subgraphs, self.files.vae, width, height, encoder=True)["tile"]
+        return plan_decode(self.files.vae, self.vae_config, params, width, height)
 
     def fingerprints(self, params: GenerationParams) -> dict[str, str | None]:
         """What a resume state remembers of the model: the three checkpoint files (checkpoint.fingerprint) and

@@ -45,19 +45,6 @@ class Denoised:
     stage_times: dict[str, Any] | None = None  # where the passes' time went (SplitEngine.stage_record)
 
 
-@dataclasses.dataclass(frozen=True)
-class DecodePlan:
-    """How a run's latent becomes its image, fixed by prepare() before any denoising: in one piece (tile None)
-    or in `tile`-px tiles overlapping by `overlap`, on `backend` (torch, or onnx / rknn running the VAE set in
-    `subgraphs`); never auto, which prepare() resolves. An image-to-image run encodes on the same backend."""
-
-    tile: int | None = None
-    overlap: int = 64
-    backend: str = "torch"
-    subgraphs: Path | None = None
-    encode_tile: int | None = None  # an init image's encode, in these tiles (None: one piece, or no encode)
-
-
 @dataclasses.dataclass
 class GenerationResult:
     image: Image.Image | None  # None when the latent is not finite

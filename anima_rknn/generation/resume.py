@@ -32,9 +32,9 @@ from ..checks import is_int_in, is_integer, is_number, shown
 from ..core.files import json_text
 from ..core.tensorfile import load_tensors, read_metadata, save_tensors
 from ..errors import AnimaError
-from ..sampling.caches import make_cache
+from ..sampling.caches import make_cache, restore_cache
 from ..sampling.sample import StepCallback, StepEvent
-from ..sampling.samplers import SAMPLERS, history_layout
+from ..sampling.samplers import SAMPLERS, call_sigmas, history_layout
 from .params import LATER_SETTINGS, SETTINGS, DenoisePass, GenerationParams, settings_of
 from .result import Conditioning
 
@@ -301,12 +301,15 @@ def _check_cache(params: GenerationParams, denoise_pass: DenoisePass, state: dic
         raise AnimaError(f"{path}: the resume state's stored x0 are not the latent's size")
     cache = make_cache(denoise_pass.cache, params.model_calls(denoise_pass.sigmas), denoise_pass.cache_options)
     try:
-        cache.restore(state)
+        cache = restore_cache(cache, state)  # or verify's re-run, where the state is one
     except AnimaError as e:
         raise AnimaError(f"{path}: {e}") from None
     except (TypeError, ValueError, KeyError, AttributeError):
         raise AnimaError(f"{path}: the resume state's cache state is damaged") from None
-    if len(cache.computed_steps) + len(cache.skipped_steps) != calls:
+    sampler, sigmas = SAMPLERS[params.sampler], denoise_pass.sigmas  # the report of a run knows its sigmas
+    cache.set_sigmas(np.array([*call_sigmas(sampler, sigmas), sigmas[-1]]),
+                     fresh_noise=sampler.adds_noise(params.eta_value, params.s_noise_value))
+    if cache.report().calls != calls:
         raise AnimaError(f"{path}: the resume state's cache state is not at step {step}")
 
 

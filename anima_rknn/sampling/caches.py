@@ -3,13 +3,15 @@ if so for a forecast of x0; otherwise it records the network's x0. A policy's "s
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from ..checks import is_int_in, require
 from ..errors import AnimaError
-from .auto_cache import AUTO_OPTIONS, AutoCache, Probe
+from .auto_cache import AUTO_OPTIONS, AutoCache
+from .cache_fit import CacheFit
+from .cache_seam import CachePolicy, CacheReport
 from .spectrum import Spectrum, SpectrumSchedule
 
 CACHE_NAMES = ("none", "spectrum", "spectrum-plus", "reuse", "auto")
@@ -30,67 +32,6 @@ SPECTRUM_PLUS_DEFAULTS: dict[str, float | str | bool] = {
 _TRUE_WORDS, _FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
-class CachePolicy(Protocol):
-    """Before the first call the sampler loop hands over the sigma of every model call the run makes and the
-    run's final sigma, and whether the sampler adds fresh noise on its steps (set_sigmas); then per call it calls
-    should_skip(x), then forecast(x) or record(x, x0), x being the latent the model is asked about.
-
-    A non-finite forecast is taken back with withdraw_forecast(); the loop then record()s the model's x0 for
-    that same call. state() / restore() carry a run across a stop and resume:
-    NumPy arrays (or lists of them) plus JSON-able values.
-    """
-
-    name: str
-    num_steps: int
-    verify: bool  # a flagged run asks to be re-run uncached (wants_rerun): the loop keeps a snapshot for it
-    needs_probe: bool  # the policy looks at the model through a partial pass (auto's check): attach_probe() it
-
-    def set_sigmas(self, sigmas: np.ndarray, fresh_noise: bool = False) -> None: ...
-
-    def should_skip(self, x: np.ndarray | None = None) -> bool: ...
-
-    def forecast(self, x: np.ndarray) -> np.ndarray: ...
-
-    def record(self, x: np.ndarray, x0: np.ndarray) -> None: ...
-
-    def withdraw_forecast(self) -> None: ...
-
-    def state(self) -> dict[str, Any]: ...
-
-    def restore(self, state: dict[str, Any]) -> None: ...
-
-    @property
-    def computed_steps(self) -> list[int]: ...
-
-    @property
-    def skipped_steps(self) -> list[int]: ...
-
-    @property
-    def error_estimate(self) -> float | None:
-        """The run's own estimate of its final latent's relative distance from the uncached run's; None for a
-        policy that does not measure its forecasts."""
-
-    @property
-    def may_differ(self) -> bool | None:
-        """The run's own flag: its image may differ visibly from the uncached one; None for a policy that does
-        not check itself."""
-
-    @property
-    def wants_rerun(self) -> bool:
-        """The finished run asks to be re-run uncached from the last call before its first forecast (auto's
-        verify): the sampler loop then restores its snapshot of that call and calls rewind()."""
-
-    @property
-    def rerun_from(self) -> int | None:
-        """The model call after which verify re-ran the run uncached (None: not re-run)."""
-
-    def rewind(self, calls: int) -> None:
-        """Back to the state after `calls` model calls, every later call computed (only when wants_rerun)."""
-
-    def attach_probe(self, probe: Probe) -> None:
-        """The model's partial pass for a policy that needs_probe, before the first call."""
-
-
 class NoCache:
     """Runs the model on every step."""
 
@@ -107,13 +48,13 @@ class NoCache:
         return False
 
     def forecast(self, x: np.ndarray) -> np.ndarray:
-        raise RuntimeError("cache 'none' never forecasts")
+        raise RuntimeError(f"cache {self.name!r} never forecasts")
 
     def record(self, x: np.ndarray, x0: np.ndarray) -> None:
         self._recorded += 1
 
     def withdraw_forecast(self) -> None:
-        raise RuntimeError("cache 'none' never forecasts")
+        raise RuntimeError(f"cache {self.name!r} never forecasts")
 
     def state(self) -> dict[str, Any]:
         return {"count": self._recorded}
@@ -131,13 +72,13 @@ class NoCache:
     def skipped_steps(self) -> list[int]:
         return []
 
-    error_estimate = may_differ = rerun_from = None
-    verify = wants_rerun = needs_probe = False
+    def report(self) -> CacheReport:
+        return CacheReport(self.computed_steps, [])
 
 
 class ReuseCache:
     """Skips on Spectrum's schedule but returns the last computed x0 unchanged: the baseline a
-    forecaster has to beat."""
+    forecaster has to beat. It implements the seam alone (CachePolicy) and nothing else."""
 
     name = "reuse"
 
@@ -181,14 +122,57 @@ class ReuseCache:
     def skipped_steps(self) -> list[int]:
         return self.schedule.skipped_steps
 
-    error_estimate = may_differ = rerun_from = None
-    verify = wants_rerun = needs_probe = False
+    def report(self) -> CacheReport:
+        return CacheReport(self.computed_steps, self.skipped_steps)
 
 
-def make_cache(name: str, num_steps: int,
-               options: dict[str, float | str | bool] | None = None) -> CachePolicy:
+class UncachedRerun(NoCache):
+    """verify's re-run of a flagged run: the calls after its first `kept` (all computed: the last step before its
+    first forecast) run the model again, every one. It reports those calls computed, an error of 0 (the image is
+    the uncached one) and the flag of the run it replaced."""
+
+    name = "rerun"
+
+    def __init__(self, num_steps: int, kept: int, flagged: bool) -> None:
+        super().__init__(num_steps)
+        self.kept, self.flagged, self._recorded = kept, flagged, kept
+
+    def state(self) -> dict[str, Any]:
+        return {RERUN_KEY: self.kept, "count": self._recorded, "flagged": self.flagged}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        kept, count, flagged = (state.get(key) for key in (RERUN_KEY, "count", "flagged"))
+        require(is_int_in(kept, 2, self.num_steps) and is_int_in(count, kept, self.num_steps)
+                and isinstance(flagged, bool), "the cache state of verify's re-run does not fit this run's schedule")
+        self.kept, self._recorded, self.flagged = int(kept), int(count), flagged
+
+    def report(self) -> CacheReport:
+        return CacheReport(self.computed_steps, [], 0.0, self.flagged)
+
+
+RERUN_KEY = "rerun_after"  # marks UncachedRerun's state (an auto state of an earlier version had "rerun_from")
+
+
+def restore_cache(cache: CachePolicy, state: dict[str, Any]) -> CachePolicy:
+    """`cache` restored to `state`; or, where the state is one of verify's re-run, that re-run restored."""
+    if isinstance(state, dict) and RERUN_KEY in state:
+        rerun = UncachedRerun(cache.num_steps, 0, False)
+        rerun.restore(state)
+        return rerun
+    cache.restore(state)
+    return cache
+
+
+def verifies(options: dict[str, float | str | bool] | None) -> bool:
+    """Whether a run with these cache options is re-run uncached when its cache flags it (auto's verify)."""
+    return bool((options or {}).get("verify", False))
+
+
+def make_cache(name: str, num_steps: int, options: dict[str, float | str | bool] | None = None,
+               fit: CacheFit | None = None) -> CachePolicy:
     """The cache policy `name` (one of CACHE_NAMES) for a run of `num_steps` model calls (sampling.samplers.
-    call_sigmas: one per step for most samplers)."""
+    call_sigmas: one per step for most samplers). `fit`: the model's cache numbers (sampling.cache_fit), which
+    auto's budget, check and flag need; verify (auto's) is the caller's to run (verifies(), sampling.rerun)."""
     options = dict(options or {})
     if name not in CACHE_NAMES:
         raise AnimaError(f"unknown cache {name!r}; choose one of {', '.join(CACHE_NAMES)}")
@@ -202,7 +186,9 @@ def make_cache(name: str, num_steps: int,
     if name == "reuse":
         return ReuseCache(SpectrumSchedule(num_steps, **options))
     if name == "auto":
-        return AutoCache(num_steps, **options)
+        verify = options.pop("verify", False)
+        require(isinstance(verify, bool), f"cache option verify must be true or false, got {verify!r}")
+        return AutoCache(num_steps, fit=fit, **options)
     if name == "spectrum-plus":
         options = {**SPECTRUM_PLUS_DEFAULTS, **options}
     return Spectrum(num_steps, name=name, **options)

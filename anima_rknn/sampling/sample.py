@@ -7,9 +7,8 @@ per sampler step for most samplers, two for heun, dpmpp_sde and sa_solver_pece (
 count calls). The progress bar, the bench's per-step data, live previews and resume checkpoints all listen to
 the StepEvents, and nothing else reaches into the loop.
 
-A cache that verifies itself (auto's verify) may ask, once the run is done, for it to be run again uncached from
-the last step before its first forecast: the loop keeps that step's latent and history, rewinds the cache and
-steps on from there, telling the listeners those steps again.
+Asked to (keep_snapshot), the loop keeps a snapshot of itself after the last step before the cache's first
+forecast, and hands it back with the result: what auto's verify re-runs uncached from (sampling/rerun.py).
 
 A run ends early in two ways: at the first step whose latent is not finite (no later step could mend it, and no
 listener is told of it, so no checkpoint holds it), and when `interrupt()` turns true after a step, with that
@@ -26,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AnimaError
-from .caches import CachePolicy
+from .cache_seam import CachePolicy
 from .inpaint import Inpaint
 from .samplers import History, Sampler, StepContext, call_sigmas
 
@@ -70,6 +69,9 @@ class SampleResult:
     rerun_from: int | None = None  # verify re-ran the steps after this one uncached (model_calls counts both)
     interrupted_at: int | None = None  # interrupted after this step: `latent` is that step's x0
     nonfinite_at: int | None = None  # the step whose latent turned NaN/Inf: the run ended there
+    # keep_snapshot's: the loop after the last step before the first forecast ({"step", "latent", "recomputed",
+    # "history"}; None: not kept, or the run forecast nothing before it ended)
+    snapshot: dict[str, Any] | None = None
 
 
 def step_noise(seed: int, shape: tuple[int, ...]) -> Callable[[int, int], np.ndarray]:
@@ -85,12 +87,14 @@ def step_noise(seed: int, shape: tuple[int, ...]) -> Callable[[int, int], np.nda
 class _CachedModel:
     """The model as a sampler sees it: per call, the cache's forecast of x0 or the network's."""
 
-    def __init__(self, denoise: Denoiser, cache: CachePolicy, recomputed: list[int]) -> None:
+    def __init__(self, denoise: Denoiser, cache: CachePolicy, recomputed: list[int], calls_before: int) -> None:
         self.denoise, self.cache, self.recomputed = denoise, cache, recomputed
         self.runs = self.forecasts = self.refusals = 0
+        self.calls = calls_before
 
     def __call__(self, x: np.ndarray, sigma: float) -> np.ndarray:
-        call = len(self.cache.computed_steps) + len(self.cache.skipped_steps) + 1
+        self.calls += 1
+        call = self.calls
         if self.cache.should_skip(x):
             # A forecast that overflowed is refused just below and answered with a model call: no warning.
             with np.errstate(over="ignore", invalid="ignore"):
@@ -131,7 +135,7 @@ def _check_inputs(sigmas: np.ndarray, cache: CachePolicy, calls: int, start: int
 def sample(sampler: Sampler, denoise: Denoiser, x: np.ndarray, sigmas: np.ndarray, cache: CachePolicy,
            callback: StepCallback | None = None, *, seed: int | None = None, eta: float = 1.0, s_noise: float = 1.0,
            start: int = 0, state: dict[str, Any] | None = None, inpaint: Inpaint | None = None,
-           interrupt: Callable[[], bool] | None = None) -> SampleResult:
+           interrupt: Callable[[], bool] | None = None, keep_snapshot: bool = False) -> SampleResult:
     """Run `sampler` from sigmas[start] down to sigmas[-1].
 
     `x` is the initial noise (scaled by sigmas[0]), or, resuming, the latent after `start` steps with the cache
@@ -140,76 +144,62 @@ def sample(sampler: Sampler, denoise: Denoiser, x: np.ndarray, sigmas: np.ndarra
     len(call_sigmas(sampler, sigmas)) calls. `inpaint` holds the part outside its mask on the original's
     trajectory (sampling.inpaint); `x` is then the original noised to sigmas[start]. `interrupt()`, asked after
     every step but the last (once its listener is told), ends the run there with the step's x0 as the latent.
+    `keep_snapshot`: keep the snapshot (SampleResult.snapshot), also in every event's sampler_state["trusted"] so
+    that a resume brings it along (a resumed run keeps it on only when its state holds one).
     """
     sigmas = np.asarray(sigmas, dtype=np.float64)
     planned = call_sigmas(sampler, sigmas) if sigmas.ndim == 1 and len(sigmas) >= 2 else []
     _check_inputs(sigmas, cache, len(planned), start)
     done_before = len(call_sigmas(sampler, sigmas[: start + 1]))
-    if len(cache.computed_steps) + len(cache.skipped_steps) != done_before:
-        raise RuntimeError("this cache has already run; make a new cache for every run (or restore its state)")
     cache.set_sigmas(np.array([*planned, sigmas[-1]]), fresh_noise=sampler.adds_noise(eta, s_noise))
+    if cache.report().calls != done_before:
+        raise RuntimeError("this cache has already run; make a new cache for every run (or restore its state)")
     state = state or {}
     history: History = {key: [np.array(a, copy=True) for a in arrays]
                         for key, arrays in state.get("history", {}).items()}
     recomputed = [int(call) for call in state.get("recomputed", [])]
     x = np.asarray(x, dtype=np.float32)
     draw_noise = _no_noise if seed is None else step_noise(seed, x.shape)
-    model = _CachedModel(denoise, cache, recomputed)
+    model = _CachedModel(denoise, cache, recomputed, done_before)
     step_model = model if inpaint is None else _MaskedModel(model, inpaint)
-    # verify's snapshot: the loop after the last step before the cache's first forecast (a resume brings it along)
-    trusted: dict[str, Any] | None = state.get("trusted")
-    verifying = cache.verify and (start == 0 or trusted is not None)  # not once the re-run has begun
+    trusted: dict[str, Any] | None = state.get("trusted")  # the snapshot (a resume brings it along)
+    snapshotting = keep_snapshot and (start == 0 or trusted is not None)
     total, began = len(sigmas) - 1, time.perf_counter()
-    first, clock = start, began  # the ETA counts from the start of this run, or of verify's re-run
-    while True:
-        for index in range(first, total):
-            step, started = index + 1, time.perf_counter()
-            runs, forecasts, refusals = model.runs, model.forecasts, model.refusals
-            ctx = StepContext(sigmas, index, draw_noise, float(eta), float(s_noise))
-            x, x0, history = sampler.step(step_model, x, ctx, history)
-            if inpaint is not None:
-                x = inpaint.blend(x, float(sigmas[index + 1]))
-            if not np.isfinite(x).all():
-                return _result(x, cache, recomputed, model, nonfinite_at=step)
-            sampler_state: dict[str, Any] = {"history": history, "recomputed": list(recomputed)}
-            if verifying:
-                if not cache.skipped_steps:
-                    trusted = {"step": step, "latent": np.array(x, copy=True), "recomputed": list(recomputed),
-                               "history": {key: list(arrays) for key, arrays in history.items()}}
-                sampler_state["trusted"] = trusted
-            if callback is not None:
-                now = time.perf_counter()
-                callback(StepEvent(step, total, float(sigmas[index]), float(sigmas[index + 1]), x, x0,
-                                   model.forecasts == forecasts, model.refusals > refusals, now - started,
-                                   now - began, (now - clock) / (step - first) * (total - step), cache.state(),
-                                   model.runs - runs, sampler_state))
-            if interrupt is not None and step < total and interrupt():
-                return _result(np.array(x0, dtype=np.float32), cache, recomputed, model, interrupted_at=step)
-        if not (cache.wants_rerun and trusted is not None):
-            return _result(x, cache, recomputed, model, rerun_from=_step_of_call(sampler, sigmas, cache.rerun_from))
-        # verify: the flagged run is thrown away from its first forecast on and run again uncached from there
-        first, x, clock = trusted["step"], np.array(trusted["latent"], copy=True), time.perf_counter()
-        history = {key: list(arrays) for key, arrays in trusted["history"].items()}
-        recomputed[:] = trusted["recomputed"]
-        cache.rewind(len(call_sigmas(sampler, sigmas[: first + 1])))
-        trusted, verifying = None, False
+    for index in range(start, total):
+        step, started = index + 1, time.perf_counter()
+        runs, forecasts, refusals = model.runs, model.forecasts, model.refusals
+        ctx = StepContext(sigmas, index, draw_noise, float(eta), float(s_noise))
+        x, x0, history = sampler.step(step_model, x, ctx, history)
+        if inpaint is not None:
+            x = inpaint.blend(x, float(sigmas[index + 1]))
+        if not np.isfinite(x).all():
+            return _result(x, cache, recomputed, model, trusted, nonfinite_at=step)
+        sampler_state: dict[str, Any] = {"history": history, "recomputed": list(recomputed)}
+        if snapshotting:
+            if not cache.report().skipped_steps:
+                trusted = {"step": step, "latent": np.array(x, copy=True), "recomputed": list(recomputed),
+                           "history": {key: list(arrays) for key, arrays in history.items()}}
+            sampler_state["trusted"] = trusted
+        if callback is not None:
+            now = time.perf_counter()
+            callback(StepEvent(step, total, float(sigmas[index]), float(sigmas[index + 1]), x, x0,
+                               model.forecasts == forecasts, model.refusals > refusals, now - started,
+                               now - began, (now - began) / (step - start) * (total - step), cache.state(),
+                               model.runs - runs, sampler_state))
+        if interrupt is not None and step < total and interrupt():
+            return _result(np.array(x0, dtype=np.float32), cache, recomputed, model, trusted, interrupted_at=step)
+    return _result(x, cache, recomputed, model, trusted)
 
 
 def _result(latent: np.ndarray, cache: CachePolicy, recomputed: list[int], model: _CachedModel,
-            interrupted_at: int | None = None, nonfinite_at: int | None = None,
-            rerun_from: int | None = None) -> SampleResult:
-    return SampleResult(latent=latent, computed_steps=cache.computed_steps, skipped_steps=cache.skipped_steps,
+            snapshot: dict[str, Any] | None, interrupted_at: int | None = None,
+            nonfinite_at: int | None = None) -> SampleResult:
+    report = cache.report()
+    return SampleResult(latent=latent, computed_steps=report.computed_steps, skipped_steps=report.skipped_steps,
                         recomputed_steps=list(recomputed), model_calls=model.runs,
-                        finite=bool(np.isfinite(latent).all()), error_estimate=cache.error_estimate,
-                        may_differ=cache.may_differ, rerun_from=rerun_from,
-                        interrupted_at=interrupted_at, nonfinite_at=nonfinite_at)
-
-
-def _step_of_call(sampler: Sampler, sigmas: np.ndarray, calls: int | None) -> int | None:
-    """The step whose end `calls` model calls reach (None for None)."""
-    if calls is None:
-        return None
-    return next(k for k in range(len(sigmas)) if len(call_sigmas(sampler, sigmas[: k + 1])) == calls)
+                        finite=bool(np.isfinite(latent).all()), error_estimate=report.error_estimate,
+                        may_differ=report.may_differ, interrupted_at=interrupted_at, nonfinite_at=nonfinite_at,
+                        snapshot=snapshot)
 
 
 def _no_noise(index: int, draw: int) -> np.ndarray:

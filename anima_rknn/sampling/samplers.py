@@ -597,10 +597,6 @@ def sampler_and_scheduler(sampler: object, scheduler: object) -> tuple[str, obje
         raise
 
 
-def get_sampler(name: str) -> Sampler:
-    return SAMPLERS[sampler_name(name)]
-
-
 def call_sigmas(sampler: Sampler, sigmas: np.ndarray, start: int = 0) -> list[float]:
     """The sigma of every model call a run of `sampler` over `sigmas` makes from step `start` on: what a step
     cache plans over, and what the engine prepares."""

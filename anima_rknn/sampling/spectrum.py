@@ -16,6 +16,7 @@ import numpy as np
 
 from ..checks import check_bool, is_integer, is_number_in, require
 from ..errors import AnimaError
+from .cache_seam import CacheReport
 
 TAU_AXES = ("fixed50", "steps")
 TAYLOR_MODES = ("half", "fractional")
@@ -151,8 +152,8 @@ class Spectrum:
     def skipped_steps(self) -> list[int]:
         return self.schedule.skipped_steps
 
-    error_estimate = may_differ = rerun_from = None  # a fixed schedule does not measure its forecasts (sampling/auto_cache.py)
-    verify = wants_rerun = needs_probe = False
+    def report(self) -> CacheReport:
+        return CacheReport(self.computed_steps, self.skipped_steps)  # a fixed schedule measures nothing
 
     def set_sigmas(self, sigmas: np.ndarray, fresh_noise: bool = False) -> None:
         pass  # sd.cpp's schedule and tau axis count model calls, not sigmas; it forecasts x0 alone

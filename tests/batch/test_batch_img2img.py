@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from anima_rknn.batch.jobs import name_jobs, prepare_jobs, read_jobs
+from anima_rknn.batch.jobs_file import name_jobs, prepare_jobs, read_jobs
 from anima_rknn.batch.results import RESULTS, Outcome, Results
 from anima_rknn.cli import main
 from anima_rknn.errors import AnimaError

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from anima_rknn.batch.jobs import job_id, name_jobs, read_jobs
+from anima_rknn.batch.jobs_file import job_id, name_jobs, read_jobs
 from anima_rknn.errors import AnimaError
 from anima_rknn.generation.params import GenerationParams
 

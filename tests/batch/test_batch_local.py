@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from anima_rknn.batch.jobs import name_jobs, read_jobs
+from anima_rknn.batch.jobs_file import name_jobs, read_jobs
 from anima_rknn.batch.local import LocalRunner
 from anima_rknn.batch.results import MAX_RECORD_BYTES, RESULTS, Results
 from anima_rknn.batch.worker import Worker
@@ -132,25 +132,26 @@ def test_a_stopped_job_continues_from_its_state(tmp_path, tiny_set, worker):
 
 
 def test_a_bench_sweep_job_by_job_equals_run_bench(tmp_path, tiny_set, worker):
-    """bench's seeds as batch jobs (Worker.bench): each seed's runs are those of the in-process run_bench, and
-    the worker encodes the prompt once for the seeds of one setting."""
-    from anima_rknn.bench.run import Sweep, merge, run_bench
+    """bench's seeds as batch jobs (Worker.run_task with bench's SweepTask): each seed's runs are those of the
+    in-process run_bench, and the worker encodes the prompt once for the seeds of one setting."""
+    from anima_rknn.bench.run import Sweep, SweepTask, merge, run_bench
 
     jobs = _jobs(tmp_path, tiny_set, prompts=("a red circle",), seeds=(3, 4), steps=6)
     sweep = Sweep(("spectrum",), {"warmup": 2})
     published = []
-    LocalRunner(worker, tmp_path).bench(jobs, sweep, lambda job, outcome: published.append(outcome))
-    assert [o.bench.seeds[0].seed for o in published] == [3, 4] and all(o.error is None for o in published)
-    assert published[0].bench.conditioning is published[1].bench.conditioning  # encoded once
-    merged = merge([o.bench for o in published])
+    LocalRunner(worker, tmp_path).run_tasks(jobs, SweepTask(sweep), lambda job, outcome: published.append(outcome))
+    assert [o.result.seeds[0].seed for o in published] == [3, 4] and all(o.error is None for o in published)
+    assert published[0].result.conditioning is published[1].result.conditioning  # encoded once
+    assert all(o.worker == worker.name for o in published)
+    merged = merge([o.result for o in published])
     alone = run_bench(AnimaPipeline(tiny_set, keep_dit=True), jobs[0].params, ["spectrum"], {"warmup": 2}, [3, 4])
     for ours, theirs in zip(merged.seeds, alone.seeds, strict=True):
-        assert ours.worker == worker.name and theirs.worker is None
+        assert ours.worker is None and theirs.worker is None  # cli/bench names the worker of each outcome
         for side, policy in (("baseline", ours.baseline), ("spectrum", ours.cached["spectrum"])):
             reference = theirs.baseline if side == "baseline" else theirs.cached["spectrum"]
             assert policy.first.denoised.sample.computed_steps == reference.first.denoised.sample.computed_steps
             assert torch.equal(torch.as_tensor(policy.first.denoised.sample.latent),
                                torch.as_tensor(reference.first.denoised.sample.latent))
     other = dataclasses.replace(jobs[0].params, cfg=2.0)
-    assert worker.seed_bench.takes(jobs[1].params, sweep) and not worker.seed_bench.takes(other, sweep)
-    assert not worker.seed_bench.takes(jobs[1].params, Sweep(("reuse",)))
+    assert worker.kept.takes(jobs[1].params, sweep) and not worker.kept.takes(other, sweep)
+    assert not worker.kept.takes(jobs[1].params, Sweep(("reuse",)))

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from anima_rknn.batch.jobs import name_jobs, read_jobs  # noqa: E402
+from anima_rknn.batch.jobs_file import name_jobs, read_jobs  # noqa: E402
 from anima_rknn.batch.local import LocalRunner  # noqa: E402
 from anima_rknn.batch.ray_runner import LOCAL, RayRunner, parse_resources, slots  # noqa: E402
 from anima_rknn.batch.results import RESULTS, Results  # noqa: E402

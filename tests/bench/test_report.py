@@ -119,11 +119,11 @@ def test_files_exist_and_parse(bench, report, tmp_path):
     assert not list(tmp_path.glob("*.part"))
 
 
-def test_an_adaptive_cache_reports_its_estimate_and_the_spread_of_its_passes(tiny_set):
+def test_an_adaptive_cache_reports_its_estimate_and_the_spread_of_its_passes(fitted_tiny_set):
     """auto's computed steps can differ per seed: the aggregate gives mean and max passes, every seed its error
     estimate, and over the seeds how well the estimate ranks the true PSNR (Spearman, strict JSON)."""
     params = GenerationParams(prompt="a red circle", width=32, height=32, steps=20, seed=9)
-    result = run_bench(AnimaPipeline(tiny_set, keep_dit=True), params, ["auto", "spectrum"], seeds=[1, 2, 3])
+    result = run_bench(AnimaPipeline(fitted_tiny_set, keep_dit=True), params, ["auto", "spectrum"], seeds=[1, 2, 3])
     report = _strict_json(to_json(build_report(result, "tiny.safetensors")))
     sides = [entry["cached"]["auto"] for entry in report["seeds"]]
     passes = [side["transformer_passes"] for side in sides]
@@ -143,10 +143,10 @@ def test_an_adaptive_cache_reports_its_estimate_and_the_spread_of_its_passes(tin
     assert report["aggregate"]["spectrum"]["flag"] is None and "| cache may differ |" in text
 
 
-def test_auto_check_reports_its_partial_passes(tiny_set):
+def test_auto_check_reports_its_partial_passes(fitted_tiny_set):
     """The first block's partial passes are counted per run and shown beside the subgraph runs they add to."""
     params = GenerationParams(prompt="a red circle", width=32, height=32, steps=20, seed=9)
-    result = run_bench(AnimaPipeline(tiny_set, keep_dit=True), params, ["auto"], {"budget": 8, "check": True})
+    result = run_bench(AnimaPipeline(fitted_tiny_set, keep_dit=True), params, ["auto"], {"budget": 8, "check": True})
     report = _strict_json(to_json(build_report(result, "tiny.safetensors")))
     auto, base = report["seeds"][0]["cached"]["auto"], report["seeds"][0]["baseline"]
     assert auto["partial_passes"] > 0 and base["partial_passes"] == 0

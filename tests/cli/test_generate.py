@@ -63,9 +63,10 @@ def test_spectrum_runs_11_of_20_steps(run_cli, model_dir, tmp_path):
     assert "computed 11/20 steps" in result.err
 
 
-def test_auto_cache_reports_its_error_estimate(run_cli, model_dir, tmp_path):
+def test_auto_cache_reports_its_error_estimate(run_cli, fitted_tiny_set, tmp_path):
     """In the JSON, on the summary line and in the PNG's parameters: the run's own estimate of its distance from
     the uncached image, made without rendering that image."""
+    model_dir = fitted_tiny_set.dit.parents[2]
     result = run_cli("generate", "--model", model_dir, "-p", "cat", "-W", "64", "-H", "64", "--cache", "auto",
                      "--cache-option", "budget=8", "-o", tmp_path / "a.png", "--json")
     report = json.loads(result.out)

@@ -99,7 +99,7 @@ def test_a_stream_past_fp16s_range_is_nan_on_the_npu_unless_rescaled(tiny_set, t
     """The measurement behind vae.rescale: the same loud decoder exported as it is and rescaled."""
     import torch
 
-    from anima_rknn.engine.verify_vae import verify_vae_set
+    from anima_rknn.engine.vae_accuracy import verify_vae_set
     from anima_rknn.export.rknn import convert_subgraphs
     from anima_rknn.export.vae import export_vae_decoder
     from anima_rknn.vae import load_vae, save_vae
@@ -174,7 +174,7 @@ def test_the_encoder_tiles_on_the_simulator_come_close_to_torch_and_open_its_con
 
     from anima_rknn.engine.backends.rknn import RknnOptions
     from anima_rknn.engine.vae_tiles import open_tile_encoder, vae_set_manifest
-    from anima_rknn.engine.verify_vae import latent_psnr
+    from anima_rknn.engine.vae_accuracy import latent_psnr
     from anima_rknn.vae import load_vae
     from anima_rknn.vae.preview import varied_images
     from anima_rknn.vae.tiling import encode_tiled

@@ -11,7 +11,8 @@ import torch
 from anima_rknn.core.tensorfile import load_tensors, save_tensors
 from anima_rknn.generation.params import GenerationParams
 from anima_rknn.generation.pipeline import AnimaPipeline, initial_noise
-from anima_rknn.generation.result import DecodePlan, png_parameters
+from anima_rknn.engine.vae_plan import DecodePlan
+from anima_rknn.generation.result import png_parameters
 from anima_rknn.sampling.schedule import flow_sigmas
 
 

@@ -101,7 +101,7 @@ def relative_errors(cache_name: str, cond: GaussianMixture, uncond: GaussianMixt
     noise = initial_noise(uncond.dim, seeds)
     sigmas = flow_sigmas(steps, shift)
     reference = sample(SAMPLERS["euler"], denoise, noise, sigmas, make_cache("none", steps)).latent
-    measures = make_cache(cache_name, steps, options).error_estimate is not None
+    measures = make_cache(cache_name, steps, options).report().error_estimate is not None
     runs = [sample(SAMPLERS["euler"], denoise, rows, sigmas, make_cache(cache_name, steps, options))
             for rows in (noise[:, None] if measures else [noise])]
     if calls is not None:

@@ -10,11 +10,24 @@ import pytest
 from mixture import cfg_denoiser, initial_noise, make_testbed
 
 from anima_rknn.errors import AnimaError
+from anima_rknn.model.model_set import DEMO_MODEL
+from anima_rknn.sampling import caches
 from anima_rknn.sampling.auto_cache import probe_miss
-from anima_rknn.sampling.caches import make_cache, parse_cache_options
+from anima_rknn.sampling.cache_fit import fit_path, read_fit
+from anima_rknn.sampling.cache_seam import ChecksForecasts
+from anima_rknn.sampling.caches import parse_cache_options
+from anima_rknn.sampling.rerun import sample_verified
 from anima_rknn.sampling.sample import sample
 from anima_rknn.sampling.samplers import SAMPLERS
 from anima_rknn.sampling.schedule import flow_sigmas
+
+
+# The demo model's fit: these runs are scored with the numbers the library ships for it.
+DEMO_FIT = read_fit(fit_path(DEMO_MODEL / "split_files" / "diffusion_models" / "anima-demo.safetensors"))
+
+
+def make_cache(name, steps, options=None, fit=DEMO_FIT):
+    return caches.make_cache(name, steps, options, fit)
 
 
 @pytest.fixture(scope="module")
@@ -289,7 +302,7 @@ def test_a_run_that_measured_nothing_late_has_no_flag():
     cache.set_sigmas(flow_sigmas(20))
     for _ in range(3):
         cache.record(np.ones(4, np.float32), np.ones(4, np.float32))
-    assert cache.flag_score is None and cache.may_differ is None and not cache.wants_rerun
+    assert cache.flag_score is None and cache.may_differ is None
 
 
 def turning(denoise):
@@ -310,8 +323,8 @@ def test_verify_reruns_a_flagged_run_uncached_from_its_last_step_before_a_foreca
     plain = sample(SAMPLERS[sampler], model, noise, sigmas, make_cache("auto", 20, {"budget": 8}), seed=5)
     assert plain.may_differ and plain.rerun_from is None
     events = []
-    verified = sample(SAMPLERS[sampler], model, noise, sigmas, make_cache("auto", 20, {"budget": 8, "verify": True}),
-                      events.append, seed=5)
+    verified = sample_verified(SAMPLERS[sampler], model, noise, sigmas, make_cache("auto", 20, {"budget": 8}),
+                               events.append, verify=True, seed=5)
     reference = sample(SAMPLERS[sampler], model, noise, sigmas, make_cache("none", 20), seed=5)
     assert np.array_equal(verified.latent, reference.latent)
     assert verified.rerun_from == 3 and verified.may_differ  # the flag of the run it replaced
@@ -326,28 +339,49 @@ def test_an_unflagged_run_under_verify_is_the_plain_run(denoise):
 
     noise, sigmas = initial_noise(64, [3]), flow_sigmas(20)
     plain = sample(SAMPLERS["euler"], steady, noise, sigmas, make_cache("auto", 20, {"budget": 8}))
-    verified = sample(SAMPLERS["euler"], steady, noise, sigmas, make_cache("auto", 20, {"budget": 8, "verify": True}))
+    verified = sample_verified(SAMPLERS["euler"], steady, noise, sigmas, make_cache("auto", 20, {"budget": 8}),
+                               verify=True)
     assert verified.may_differ is False and verified.rerun_from is None
     assert np.array_equal(verified.latent, plain.latent) and verified.model_calls == plain.model_calls == 8
 
 
-def test_a_rewound_cache_restores_into_its_re_run_and_nowhere_else(denoise):
-    cache = make_cache("auto", 20, {"budget": 8, "verify": True})
-    sample(SAMPLERS["euler"], turning(denoise), initial_noise(64, [3]), flow_sigmas(20), cache)
-    state = cache.state()
-    assert state["rerun_from"] == 3 and state["first_score"] >= 1.3
-    json.dumps({k: v for k, v in state.items() if not k.startswith("anchor_")}, allow_nan=False)
-    restored = make_cache("auto", 20, {"budget": 8, "verify": True})
-    restored.restore(state)
-    assert restored.rerun_from == 3 and restored.may_differ and restored.flag_score == cache.flag_score
-    with pytest.raises(AnimaError, match="does not fit"):
-        make_cache("auto", 20, {"budget": 8}).restore(state)  # a re-run without verify: not this run's
+def test_a_stopped_re_run_resumes_to_the_same_bits(denoise):
+    """A state written in verify's re-run is the re-run's (caches.UncachedRerun): restore_cache makes it again
+    from the auto cache the run's settings make, and the resumed run reports the step it re-ran from."""
+    model, noise, sigmas, events = turning(denoise), initial_noise(64, [3]), flow_sigmas(20), []
+    whole = sample_verified(SAMPLERS["euler"], model, noise, sigmas, make_cache("auto", 20, {"budget": 8}),
+                            events.append, verify=True)
+    at = events[20 + 5]  # the re-run's step 9
+    assert at.step == 9 and "trusted" not in at.sampler_state
+    json.dumps(at.cache_state, allow_nan=False)
+    cache = caches.restore_cache(make_cache("auto", 20, {"budget": 8}), at.cache_state)
+    assert isinstance(cache, caches.UncachedRerun)
+    resumed = sample_verified(SAMPLERS["euler"], model, at.x, sigmas, cache, verify=True, start=9,
+                              state=at.sampler_state)
+    assert np.array_equal(resumed.latent, whole.latent) and resumed.rerun_from == 3
+    assert resumed.computed_steps == list(range(1, 21)) and resumed.may_differ and resumed.error_estimate == 0.0
+    for change in ({"count": 21}, {"flagged": "yes"}, {"rerun_after": 1}):
+        with pytest.raises(AnimaError, match="re-run does not fit"):
+            caches.restore_cache(make_cache("auto", 20), {**at.cache_state, **change})
+
+
+def test_an_auto_state_of_an_earlier_version_in_its_re_run_is_refused_in_one_line(denoise):
+    cache = make_cache("auto", 20, {"budget": 8})
+    run_events = []
+    sample(SAMPLERS["euler"], denoise, initial_noise(64, [3]), flow_sigmas(20), cache, run_events.append)
+    state = run_events[9].cache_state
+    make_cache("auto", 20, {"budget": 8}).restore({**state, "rerun_from": None, "first_score": None})  # before it
+    with pytest.raises(AnimaError, match="written in verify's re-run by an earlier version"):
+        make_cache("auto", 20, {"budget": 8}).restore({**state, "rerun_from": 3, "first_score": 1.5,
+                                                       "anchor_steps": [], "anchor_x0": [], "anchor_eps": []})
 
 
 def test_verify_is_true_or_false():
     with pytest.raises(AnimaError, match="verify='maybe' is not true or false"):
         parse_cache_options("verify=maybe")
-    assert make_cache("auto", 20, parse_cache_options("budget=10,verify=1")).verify
+    with pytest.raises(AnimaError, match="verify must be true or false"):
+        make_cache("auto", 20, {"budget": 10, "verify": "maybe"})
+    assert caches.verifies(parse_cache_options("budget=10,verify=1"))
 
 
 class Watched:
@@ -447,8 +481,8 @@ def test_check_needs_a_budget_a_probe_and_a_yes_or_no(denoise):
     with pytest.raises(RuntimeError, match="needs a probe"):
         sample(SAMPLERS["euler"], denoise, initial_noise(64, [3]), flow_sigmas(20),
                make_cache("auto", 20, {"budget": 8, "check": True}))
-    assert not make_cache("auto", 20, {"budget": 8}).needs_probe
-    assert all(not make_cache(name, 20).needs_probe for name in ("none", "spectrum", "reuse"))
+    assert not make_cache("auto", 20, {"budget": 8}).check
+    assert all(not isinstance(make_cache(name, 20), ChecksForecasts) for name in ("none", "spectrum", "reuse"))
 
 
 def test_check_stays_out_of_samplers_that_add_fresh_noise(denoise):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from anima_rknn.engine.backends.torch import TorchBackend
-from anima_rknn.engine.verify import SubgraphAccuracy, accuracy_table, agreement, capture_pass, flagged
+from anima_rknn.engine.accuracy import SubgraphAccuracy, accuracy_table, agreement, capture_pass, flagged
 from anima_rknn.model.config import PRESETS
 from anima_rknn.model.io import load_dit, random_dit, save_dit
 
