@@ -353,7 +353,7 @@ def front_end_violations(graph: Graph) -> list[str]:
         here = _front_end_unit(i.importer)
         there = _front_end_unit(i.target) if i.target else None
         if here and there and here[0] == there[0] and here[1] != there[1]:
-            shared = "cli/options.py or a lower layer" if here[0] == "command" else "server/app.py or a lower layer"
+            shared = "cli/options.py or a lower layer" if here[0] == "command" else "server/runtime.py or a lower layer"
             problems.append(f"{i.where}: front end imports front end: {here[0]} module {i.importer} imports "
                             f"{i.written}, another {here[0]} module (shared code goes to {shared}){i.how}")
         elif i.target and _top(i.importer) in FRONT_END_PACKAGES and _top(i.target) in FRONT_END_PACKAGES \
@@ -638,7 +638,7 @@ def test_checker_finds_front_ends_importing_front_ends_and_hand_made_results(tmp
         "imports anima_rknn.cli.serve, another command module (shared code goes to cli/options.py or a "
         "lower layer)",
         "anima_rknn/server/openai.py:1: front end imports front end: route module anima_rknn.server.openai imports "
-        "anima_rknn.server.a1111, another route module (shared code goes to server/app.py or a lower layer)"]
+        "anima_rknn.server.a1111, another route module (shared code goes to server/runtime.py or a lower layer)"]
     assert publish_violations(graph) == [
         "anima_rknn/batch/worker.py:2: publishing by hand: anima_rknn.batch.worker calls png_bytes(); results are "
         "written by the publisher in anima_rknn/generation/",

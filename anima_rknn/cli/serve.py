@@ -178,7 +178,8 @@ def serve(ctx, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host
     """Serve the model over HTTP until Ctrl-C; a job running then resumes at the next start."""
     import uvicorn
 
-    from ..server.app import Server
+    from ..server.app import build_app
+    from ..server.runtime import Server
     from ..server.jobs import JobQueue
 
     try:
@@ -211,9 +212,9 @@ def serve(ctx, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host
                          checkpoint_every=checkpoint_every, engine=engine, max_side=max_side, max_steps=max_steps,
                          keep_jobs=keep_jobs, models=served)
         # Each model's requests default to the size it records it was trained at (the demo model's 64), else 512.
-        app = Server(queue, default_cache=cache, max_side=max_side, max_steps=max_steps, model_name=files.dit.stem,
-                     engine=engine, api_key=api_key, api_auth=api_auth, lora_dir=lora_dir, bind_host=host,
-                     allowed_hosts=hosts).app()
+        app = build_app(Server(queue, default_cache=cache, max_side=max_side, max_steps=max_steps,
+                               model_name=files.dit.stem, engine=engine, api_key=api_key, api_auth=api_auth,
+                               lora_dir=lora_dir, bind_host=host, allowed_hosts=hosts))
         if not address.is_loopback and not (api_key or api_auth):
             click.echo(f"warning: listening on {host} without authentication: anyone who reaches it can use it",
                        err=True)

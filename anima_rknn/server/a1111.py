@@ -52,7 +52,7 @@ from .requests import BadRequest, _number, error_answer, json_body
 from .webui_options import CLIP_SKIP, MODEL, WEBUI_OPTIONS, Options, checked_option
 
 if TYPE_CHECKING:
-    from .app import Server
+    from .runtime import Server
 
 # Every spelling of a schedule that may end an old A1111 sampler name ("DPM++ 2M Karras"), longest first.
 _SCHEDULE_SUFFIXES = sorted({*SCHEDULES, *SCHEDULE_LABELS.values(), *A1111_SCHEDULES}, key=len, reverse=True)

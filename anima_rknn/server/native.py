@@ -30,7 +30,7 @@ from .jobs import FINISHED, ImageGone, JobBusy, StoreError
 from .requests import BadRequest, error_answer, job_or_404, json_body
 
 if TYPE_CHECKING:
-    from .app import Server
+    from .runtime import Server
 
 # Settings whose choices have display names a form may show beside ours: the samplers' (A1111's, "Euler a"), and
 # the image-to-image ones as WebUI's form names them.

@@ -33,7 +33,7 @@ from .models import ServedModel
 from .requests import BadRequest, _text, _whole, error_answer, form_body, json_body
 
 if TYPE_CHECKING:
-    from .app import Server
+    from .runtime import Server
 
 EDIT_MASK_STRENGTH = 1.0  # an edit with a mask repaints its transparent area from noise, as OpenAI's edits do
 # OpenAI's own model names, which its clients send by default: they mean this server's current model.

@@ -12,7 +12,7 @@ from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
 
 if TYPE_CHECKING:
-    from .app import Server
+    from .runtime import Server
 
 # The page is inline HTML, CSS and JS: it may load nothing from elsewhere, nor be framed by another site.
 PAGE_HEADERS = {

@@ -20,7 +20,8 @@ import pytest
 import uvicorn
 from PIL import Image
 
-from anima_rknn.server.app import Server
+from anima_rknn.server.app import build_app
+from anima_rknn.server.runtime import Server
 from anima_rknn.server.jobs import JobQueue
 
 webuiapi = pytest.importorskip("webuiapi")
@@ -77,7 +78,7 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def running(queue: JobQueue, **options):
     """A real uvicorn server on 127.0.0.1 for `queue`, stopped on leaving."""
-    config = uvicorn.Config(Server(queue, model_name="tiny", **options).app(), host="127.0.0.1", port=_free_port(),
+    config = uvicorn.Config(build_app(Server(queue, model_name="tiny", **options)), host="127.0.0.1", port=_free_port(),
                             log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

@@ -13,7 +13,7 @@ from PIL import Image
 from test_server import SMALL, call
 
 from anima_rknn.generation.params import build
-from anima_rknn.server.app import Server
+from anima_rknn.server.runtime import Server
 
 webuiapi = pytest.importorskip("webuiapi")
 openai = pytest.importorskip("openai")
@@ -159,7 +159,7 @@ def test_size_far_from_the_trained_one_is_warned(two, caplog):
     the answer, the log and the job's status (the page shows it); 64x64 is not."""
     url, queue = two
     body = {"prompt": "x", "steps": 1, "width": 16, "height": 16, "override_settings": {"sd_model_checkpoint": SECOND}}
-    with caplog.at_level(logging.WARNING, logger="anima_rknn.server.app"):
+    with caplog.at_level(logging.WARNING, logger="anima_rknn.server.runtime"):
         code, answer = call(f"{url}/sdapi/v1/txt2img", body)
     assert code == 200
     (warning,) = json.loads(answer["info"])["warnings"]
