@@ -104,7 +104,7 @@ def export_subgraphs(dit_path: Path, width: int, height: int, out_dir: Path, dty
         raise AnimaError(f"DiT file not found: {dit_path}")
     # Everything is read and checked before out_dir is touched: a bad DiT or LoRA file leaves it as it was.
     opened = open_loras(list(loras), read_dit_config(dit_path), ignore_unmatched=lora_ignore_unmatched)
-    dit = load_dit(dit_path, DTYPES[dtype], loras=opened)
+    dit = load_dit(dit_path, DTYPES[dtype], loras=opened, dequantize=True)  # the NPU gets plain weights
     config = dit.config
     names = [f"{subgraph_name(index)}.onnx" for index in range(3 * config.blocks)]
     # Held for the whole export (a second export into the folder is refused); without --overwrite the folder is
