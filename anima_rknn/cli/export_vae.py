@@ -18,7 +18,8 @@ from .options import apply_threads, threads_option
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Model directory in the Hugging Face layout (VAE: split_files/vae/*.safetensors). "
                    "Default: the shipped demo model.")
-@click.option("--vae", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="VAE .safetensors file.")
+@click.option("--vae", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="VAE .safetensors or .gguf file.")
 @click.option("--tile", type=int, default=None,
               help="Tile size in pixels (a multiple of the VAE's scale, 8): generate decodes with this tile, "
                    "so images must be at least this large. Default: the size the model was trained at (64 for "

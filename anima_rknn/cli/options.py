@@ -72,9 +72,11 @@ def model_options(f: F) -> F:
         click.option("--model", "model", default=None,
                      help="Model directory in the Hugging Face layout (split_files/..., tokenizers/...), "
                           "or circlestone-labs/Anima to download it. Default: the shipped demo model."),
-        click.option("--dit", type=click.Path(dir_okay=False), help="DiT + LLM adapter .safetensors."),
-        click.option("--text-encoder", type=click.Path(dir_okay=False), help="Qwen3 text encoder .safetensors."),
-        click.option("--vae", type=click.Path(dir_okay=False), help="Wan / Qwen-Image VAE .safetensors."),
+        click.option("--dit", type=click.Path(dir_okay=False),
+                     help="DiT + LLM adapter .safetensors, or .gguf (its quantized layers stay quantized)."),
+        click.option("--text-encoder", type=click.Path(dir_okay=False),
+                     help="Qwen3 text encoder .safetensors or .gguf."),
+        click.option("--vae", type=click.Path(dir_okay=False), help="Wan / Qwen-Image VAE .safetensors or .gguf."),
         click.option("--qwen-tokenizer", type=click.Path(file_okay=False), help="Folder with Qwen3 tokenizer.json."),
         click.option("--t5-tokenizer", type=click.Path(file_okay=False), help="Folder with T5 tokenizer.json."),
     ]):

@@ -194,7 +194,9 @@ def read_header(path: str | os.PathLike, what: str, dtypes: Collection[str] = WE
         if dtypes != WEIGHT_DTYPES:
             raise AnimaError(f"{path} is a GGUF file; a {what} file is a safetensors file")
         gguf = read_gguf_header(path, what)
-        tensors = {name: TensorInfo(*info) for name, info in gguf.tensors.items()}
+        shapes = orig_shapes(gguf)
+        tensors = {name: TensorInfo(info.dtype, _unflattened(shapes.get(name), info.shape), info.begin, info.end)
+                   for name, info in gguf.tensors.items()}
         return Header(path, tensors, gguf.metadata)
     raw, data_bytes = _read_raw_header(path, what)
     header = _parse_json(raw, path)
@@ -248,6 +250,11 @@ def load_tensors(path: str | os.PathLike, what: str, strip: Sequence[str] = (), 
         raise AnimaError(f"{header.path} is truncated or not a safetensors file ({reason})") from None
 
 
+def _unflattened(recorded: tuple[int, ...] | None, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape ComfyUI-GGUF recorded for a tensor it flattened (GGUF has at most 4 dimensions), if it fits."""
+    return recorded if recorded is not None and math.prod(recorded) == math.prod(shape) else shape
+
+
 def _load_gguf(path: Path, what: str, strip: Sequence[str], skip: Sequence[str],
                convert: torch.dtype | None) -> dict[str, torch.Tensor]:
     header = read_gguf_header(path, what)
@@ -261,9 +268,7 @@ def _load_gguf(path: Path, what: str, strip: Sequence[str], skip: Sequence[str],
             tensor = tensor.dequantize(convert or torch.float32)
         elif convert is not None:
             tensor = tensor.to(convert)
-        if key in shapes and math.prod(shapes[key]) == tensor.numel():
-            tensor = tensor.reshape(shapes[key])
-        tensors[name] = tensor
+        tensors[name] = tensor.reshape(_unflattened(shapes.get(key), tuple(tensor.shape)))
     return tensors
 
 

@@ -345,6 +345,6 @@ def named_lora(name: str, scale: float, lora_dir: Path | None) -> LoraRef:
     return LoraRef(path, scale)
 
 
-__all__ = ["Lora", "LoraRef", "MAX_LORAS", "attach_loras", "kohya_name", "kohya_tensors", "linear_shapes", "lora_fingerprints",
-           "lora_refs", "lora_tag", "merge_loras", "named_lora", "open_lora", "open_loras", "parse_lora_option",
-           "prompt_loras"]
+__all__ = ["Lora", "LoraRef", "MAX_LORAS", "attach_loras", "kohya_name", "kohya_tensors", "linear_shapes",
+           "lora_fingerprints", "lora_refs", "lora_tag", "merge_loras", "named_lora", "open_lora", "open_loras",
+           "parse_lora_option", "prompt_loras"]

@@ -58,7 +58,8 @@ def quantize_checkpoint(source: str | os.PathLike, out: str | os.PathLike, qtype
     if out.suffix.lower() != ".gguf":
         raise AnimaError(f"the output {out} must end in .gguf")
     header = read_header(source, "checkpoint")
-    tensors = map_gguf(read_gguf_header(source, "checkpoint")) if is_gguf(source) else load_tensors(source, "checkpoint")
+    tensors = (map_gguf(read_gguf_header(source, "checkpoint")) if is_gguf(source)
+               else load_tensors(source, "checkpoint"))
     table = [(name, tensor_type(name, tuple(t.shape), target, _stored_type(t)), tuple(t.shape))
              for name, t in tensors.items()]
     if target not in {dtype for _, dtype, _ in table}:
