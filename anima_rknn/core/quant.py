@@ -19,6 +19,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quantize as gguf_quantize
 
 QK_K = 256
+_CHUNK_VALUES = 1 << 18  # values dequantized per slice (1 MiB of fp32)
 
 
 @dataclasses.dataclass
@@ -33,10 +34,17 @@ class QuantizedTensor:
     def nbytes(self) -> int:
         return self.raw.numel()
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[self.dtype]]
-        values = DEQUANTIZE[self.dtype](self.raw.reshape(-1, size))
-        return values.reshape(self.shape).to(dtype)
+    def dequantize(self, dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The values in `dtype` (into `out` if given), computed in fp32 a slice of rows at a time: the fp32
+        temporaries stay small and in cache, and only the result is the weight's size."""
+        size = GGML_QUANT_SIZES[GGMLQuantizationType[self.dtype]][1]
+        out = torch.empty(self.shape, dtype=dtype) if out is None else out
+        rows = out.view(self.raw.shape[0], -1)
+        step = max(1, _CHUNK_VALUES // rows.shape[1])
+        for start in range(0, len(rows), step):
+            part = self.raw[start:start + step]
+            rows[start:start + step] = DEQUANTIZE[self.dtype](part.reshape(-1, size)).view(len(part), -1)
+        return out
 
 
 def _f16(raw: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ the sum is the one load-time merging gives a dense weight, without a dense copy 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 
 import torch
@@ -16,6 +17,9 @@ from torch import nn
 
 from ..core.quant import QuantizedTensor
 from ..errors import AnimaError
+
+
+WeightBuffers = dict  # (thread, shape, dtype) -> a reused tensor
 
 
 class QuantizedLinear(nn.Module):
@@ -30,14 +34,21 @@ class QuantizedLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(self.out_features, device="meta"), requires_grad=False) if bias else None
         self.host = host
         self.lora: tuple[torch.Tensor, torch.Tensor] | None = None  # (scaled up [out, r], down [r, in]), fp32
+        self.buffers: WeightBuffers = {}  # install_quantized gives all layers of a model one
 
     def add_lora(self, up: torch.Tensor, down: torch.Tensor) -> None:
         self.lora = (up, down) if self.lora is None else (torch.cat([self.lora[0], up], 1),
                                                           torch.cat([self.lora[1], down], 0))
 
     def weight_as(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight in `dtype`, in a buffer this model's layers of the same shape reuse (they run one at a time,
+        and a fresh weight-sized allocation per call would be page-faulted and zeroed every time)."""
         if self.lora is None:
-            return self.qweight.dequantize(dtype)
+            key = (threading.get_ident(), self.qweight.shape, dtype)
+            buffer = self.buffers.get(key)
+            if buffer is None:
+                buffer = self.buffers[key] = torch.empty(self.qweight.shape, dtype=dtype)
+            return self.qweight.dequantize(dtype, out=buffer)
         weight = self.qweight.dequantize(torch.float32)
         return weight.addmm_(*self.lora).to(dtype)
 
@@ -55,7 +66,7 @@ def install_quantized(model: nn.Module, tensors: Mapping[str, torch.Tensor | Qua
     """Every quantized `<module>.weight` of a linear layer in `tensors` becomes a QuantizedLinear in `model`;
     returns the tensors left for load_state_dict (biases among them). Linear layers of class `host` compute in
     fp32."""
-    left = dict(tensors)
+    left, buffers = dict(tensors), {}
     for name, module in list(model.named_modules()):
         weight = left.get(f"{name}.weight")
         if not isinstance(weight, QuantizedTensor) or not isinstance(module, nn.Linear):
@@ -65,8 +76,9 @@ def install_quantized(model: nn.Module, tensors: Mapping[str, torch.Tensor | Qua
                              f"{[module.out_features, module.in_features]}")
         del left[f"{name}.weight"]
         parent, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, attr,
-                QuantizedLinear(weight, module.bias is not None, isinstance(module, host)))
+        layer = QuantizedLinear(weight, module.bias is not None, isinstance(module, host))
+        layer.buffers = buffers
+        setattr(model.get_submodule(parent) if parent else model, attr, layer)
     return left
 
 
