@@ -2,11 +2,13 @@
 fp32 safetensors.
 
 A full-width random DiT (Anima's hidden 2048, 16 heads, MLP 8192, the whole LLM adapter) with a few blocks is
-written in bf16 and fp32 safetensors and quantized by `anima-rknn quantize` (Q8_0, Q4_K). Each case runs in a
-fresh process: load as the denoising loop does (denoise_only, just_in_time), one warm-up pass at 512x512 (1024
-tokens, batch 1), then timed passes. DiT memory = peak RSS minus the RSS just before loading (imports, inputs).
+written in bf16 and fp32 safetensors and quantized by `anima-rknn quantize` (Q8_0, Q4_K), at two block counts.
+Each case runs in a fresh process: load as the denoising loop does (denoise_only, just_in_time), one warm-up pass
+at 512x512 (1024 tokens, batch 1), then timed passes (the larger model only). DiT memory = peak RSS minus the RSS
+just before loading (imports, inputs). A few blocks leave the activations and buffers, the same in every case, a
+large share of that; the two block counts give memory per block, and from it the 28-block model's.
 
-    python benchmarks/gguf_memory.py [--blocks 4] [--passes 3]
+    python benchmarks/gguf_memory.py [--blocks 2 4] [--passes 3]
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+PRESETS_BLOCKS = 28  # the real model's
 CASES = [  # (label, file, bodies' dtype)
     ("bf16 safetensors", "bf16.safetensors", "bf16"),
     ("fp32 safetensors", "fp32.safetensors", "fp32"),
@@ -64,7 +67,7 @@ def measure(dit: str, dtype: str, passes: int) -> dict:
             model(x, sigma, context)
             times.append(time.perf_counter() - start)
     peak = _status("VmHWM")
-    return {"dit_memory": peak - before, "pass_s": min(times), "out": out.flatten()[:4096].tolist()}
+    return {"dit_memory": peak - before, "pass_s": min(times, default=float("nan")), "out": out.flatten()[:4096].tolist()}
 
 
 def write_files(folder: Path, blocks: int) -> None:
@@ -72,6 +75,7 @@ def write_files(folder: Path, blocks: int) -> None:
     from anima_rknn.model.io import random_dit, save_dit
     from anima_rknn.model.quantize import quantize_checkpoint
 
+    folder.mkdir()
     model = random_dit(dataclasses.replace(PRESETS["full"], blocks=blocks))
     save_dit(model, folder / "bf16.safetensors", torch.bfloat16)
     save_dit(model, folder / "fp32.safetensors", torch.float32)
@@ -80,34 +84,41 @@ def write_files(folder: Path, blocks: int) -> None:
         quantize_checkpoint(folder / "bf16.safetensors", folder / f"{qtype}.gguf", qtype)
 
 
+def run_case(path: Path, dtype: str, passes: int) -> dict:
+    return json.loads(subprocess.run([sys.executable, __file__, "--case", str(path), dtype, "--passes", str(passes)],
+                                     check=True, capture_output=True, text=True).stdout)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=4)
+    parser.add_argument("--blocks", type=int, nargs=2, default=[2, 4])
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--case", nargs=2, help=argparse.SUPPRESS)  # file dtype: run one case here
     args = parser.parse_args()
     if args.case:
         print(json.dumps(measure(*args.case, args.passes)))
         return
+    few, more = sorted(args.blocks)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        write_files(folder, args.blocks)
-        mib = 2**20
-        print(f"full-width DiT, {args.blocks} blocks + LLM adapter; 512x512, batch 1; torch threads "
-              f"{torch.get_num_threads()}; best of {args.passes} passes")
-        print("| case | DiT file | DiT memory (peak RSS - before load) | memory / file | memory vs bf16 "
-              "| pass | pass vs bf16 | max abs diff vs bf16 output |")
-        print("|---|---|---|---|---|---|---|---|")
+        for blocks in (few, more):
+            write_files(Path(tmp) / str(blocks), blocks)
+        mib, full = 2**20, PRESETS_BLOCKS
+        print(f"full-width DiT + LLM adapter, {few} and {more} blocks; 512x512, batch 1; torch threads "
+              f"{torch.get_num_threads()}; best of {args.passes} passes ({more} blocks)")
+        print(f"| case | DiT file ({more} blocks) | DiT memory ({few} / {more} blocks) | per block | "
+              f"{full} blocks (extrapolated) | vs bf16 | pass ({more} blocks) | pass vs bf16 | max abs diff vs bf16 |")
+        print("|---|---|---|---|---|---|---|---|---|")
         base = None
         for label, name, dtype in CASES:
-            run = json.loads(subprocess.run([sys.executable, __file__, "--case", str(folder / name), dtype,
-                                             "--passes", str(args.passes)], check=True, capture_output=True,
-                                            text=True).stdout)
-            base = base or run
-            size = (folder / name).stat().st_size
+            small = run_case(Path(tmp) / str(few) / name, dtype, 0)
+            run = run_case(Path(tmp) / str(more) / name, dtype, args.passes)
+            per_block = (run["dit_memory"] - small["dit_memory"]) / (more - few)
+            whole = run["dit_memory"] + per_block * (full - more)
+            base = base or {**run, "whole": whole}
+            size = (Path(tmp) / str(more) / name).stat().st_size
             diff = max(abs(a - b) for a, b in zip(run["out"], base["out"]))
-            print(f"| {label} | {size / mib:.0f} MiB | {run['dit_memory'] / mib:.0f} MiB | "
-                  f"{run['dit_memory'] / size:.2f} | {run['dit_memory'] / base['dit_memory']:.2f}x | "
+            print(f"| {label} | {size / mib:.0f} MiB | {small['dit_memory'] / mib:.0f} / {run['dit_memory'] / mib:.0f}"
+                  f" MiB | {per_block / mib:.0f} MiB | {whole / 2**30:.2f} GiB | {whole / base['whole']:.2f}x | "
                   f"{run['pass_s']:.2f} s | {run['pass_s'] / base['pass_s']:.2f}x | {diff:.3g} |", flush=True)
 
 
