@@ -229,3 +229,26 @@ def test_q8_0_straight_to_a_narrow_dtype(dtype):
         assert torch.equal(ours, reference.to(dtype))
     else:
         assert torch.allclose(ours.float(), reference, rtol=2**-7, atol=0)
+
+
+def test_vae_gguf_in_comfyui_gguf_layout(tiny_set, tmp_path):
+    """ComfyUI-GGUF stores 5-D convolutions flattened to 4-D with their shape in comfy.gguf.orig_shape.<name>:
+    the VAE loads from it and decodes as from the safetensors."""
+    from anima_rknn.vae.io import load_vae
+
+    path = tmp_path / "vae.gguf"
+    writer = gguf.GGUFWriter(str(path), "wan")
+    for name, tensor in load_tensors(tiny_set.vae, "VAE").items():
+        array = tensor.float().numpy()
+        if array.ndim == 5:
+            writer.add_array(f"comfy.gguf.orig_shape.{name}", list(array.shape))
+            array = array.reshape(-1, *array.shape[2:])
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    latent = torch.randn(1, 16, 4, 4, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = load_vae(tiny_set.vae).decode(latent)
+        assert torch.equal(load_vae(path).decode(latent), expected)
