@@ -19,7 +19,7 @@ pip=("$venv/bin/python" -m pip install --quiet -c "$constraints")
 "${pip[@]}" --no-deps rknn-toolkit2
 "${pip[@]}" scipy fast-histogram psutil ruamel.yaml tqdm
 "${pip[@]}" --no-deps -e "$root"
-"${pip[@]}" safetensors tokenizers "transformers<6" huggingface_hub pillow click pytest onnxscript  # onnxscript: torch.onnx.export
+"${pip[@]}" safetensors gguf tokenizers "transformers<6" huggingface_hub pillow click pytest onnxscript  # onnxscript: torch.onnx.export
 
 "$venv/bin/python" -c "from rknn.api import RKNN; import numpy, torch; print('rknn-toolkit2 ok: numpy', numpy.__version__, 'torch', torch.__version__)"
 echo "set up $venv in $(( $(date +%s) - start )) s"

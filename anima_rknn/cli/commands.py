@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("generate", 'Generate one image (or --batch-count of them).'),
     "make-tiny": ("make_tiny", 'Write a random-weight model set in the real file formats and the Hugging Face...'),
     "plan": ("rknn", 'Predict peak memory and load/release traffic per pass of the rknn backend;...'),
+    "quantize": ("quantize", 'Write SOURCE (a DiT, text encoder or VAE; safetensors or GGUF) as a quantized...'),
     "serve": ("serve", 'Serve the model over HTTP until Ctrl-C; a job running then resumes at the...'),
     "train-demo": ("train_demo", 'Train the demo model set (about 35 minutes on 2 cores).'),
     "train-demo-lora": ("train_demo", 'Train the demo LoRA: "large" shapes, a word the demo model never learned.'),

@@ -19,7 +19,8 @@ EXPORT_DTYPES = {"fp32": "float32", "fp16": "float16"}
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Model directory in the Hugging Face layout (DiT: split_files/diffusion_models/*.safetensors). "
                    "Default: the shipped demo model.")
-@click.option("--dit", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="DiT .safetensors file.")
+@click.option("--dit", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="DiT .safetensors or .gguf file (a GGUF is dequantized for the export).")
 @click.option("--width", "-W", type=int, default=None,
               help="Image width (multiple of 16). Default 512, or the size a small trained model was made for "
                    "(64 for the demo model).")

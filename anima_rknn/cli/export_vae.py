@@ -18,7 +18,8 @@ from .options import Respelled, apply_threads, threads_option
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Model directory in the Hugging Face layout (VAE: split_files/vae/*.safetensors). "
                    "Default: the shipped demo model.")
-@click.option("--vae", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="VAE .safetensors file.")
+@click.option("--vae", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="VAE .safetensors or .gguf file.")
 @click.option("--vae-tile-size", "--tile", "tile", cls=Respelled, old=("--tile",), type=int, default=None,
               help="Tile size in pixels (a multiple of the VAE's scale, 8): generate decodes with this tile, "
                    "so images must be at least this large. Default: the size the model was trained at (64 for "

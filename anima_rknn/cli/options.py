@@ -74,10 +74,10 @@ def model_options(f: F) -> F:
                           "or circlestone-labs/Anima to download it; a file: the diffusion model, as "
                           "stable-diffusion.cpp's -m. Default: the shipped demo model."),
         click.option("--dit", "--diffusion-model", "dit", type=click.Path(dir_okay=False),
-                     help="DiT + LLM adapter .safetensors."),
+                     help="DiT + LLM adapter .safetensors, or .gguf (its quantized layers stay quantized)."),
         click.option("--text-encoder", "--llm", "text_encoder", type=click.Path(dir_okay=False),
-                     help="Qwen3 text encoder .safetensors."),
-        click.option("--vae", type=click.Path(dir_okay=False), help="Wan / Qwen-Image VAE .safetensors."),
+                     help="Qwen3 text encoder .safetensors or .gguf."),
+        click.option("--vae", type=click.Path(dir_okay=False), help="Wan / Qwen-Image VAE .safetensors or .gguf."),
         click.option("--qwen-tokenizer", type=click.Path(file_okay=False),
                      help="Folder with Qwen3 tokenizer.json. Default: the model's, else the shipped one."),
         click.option("--t5-tokenizer", type=click.Path(file_okay=False),

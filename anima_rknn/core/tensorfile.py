@@ -4,6 +4,9 @@
 damaged file is refused with a line that names the file and the tensor, and never makes us allocate or
 read past what the file holds: every tensor's bytes must be present, so sizes read from shapes are bounded
 by the file's real size.
+
+A GGUF file (stable-diffusion.cpp, ComfyUI-GGUF, llama.cpp) is read too wherever weights are (core.gguf): its
+header through the same `Header`, its tensors dequantized to fp32 or `convert` by `load_tensors`.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import reprlib
@@ -25,6 +29,8 @@ from safetensors.torch import save_file
 
 from ..errors import AnimaError
 from .files import atomic_path
+from .gguf import gguf_fingerprint, is_gguf, map_gguf, orig_shapes, read_gguf_header
+from .quant import QuantizedTensor
 
 _FINGERPRINT_SAMPLES, _FINGERPRINT_BLOCK = 64, 4096
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
@@ -181,8 +187,17 @@ def _check_layout(tensors: Mapping[str, TensorInfo], data_bytes: int, path: Path
 
 def read_header(path: str | os.PathLike, what: str, dtypes: Collection[str] = WEIGHT_DTYPES) -> Header:
     """The file's tensors and metadata from its header alone, every entry checked; tensors of a dtype
-    outside `dtypes` are refused by name."""
+    outside `dtypes` are refused by name. A GGUF file is read where weights are asked for (the default `dtypes`),
+    its dtypes then GGML type names (Q8_0, BF16, ...) and its offsets into its own data section."""
     path = Path(path)
+    if is_gguf(path):
+        if dtypes != WEIGHT_DTYPES:
+            raise AnimaError(f"{path} is a GGUF file; a {what} file is a safetensors file")
+        gguf = read_gguf_header(path, what)
+        shapes = orig_shapes(gguf)
+        tensors = {name: TensorInfo(info.dtype, _unflattened(shapes.get(name), info.shape), info.begin, info.end)
+                   for name, info in gguf.tensors.items()}
+        return Header(path, tensors, gguf.metadata)
     raw, data_bytes = _read_raw_header(path, what)
     header = _parse_json(raw, path)
     if not isinstance(header, dict):
@@ -211,8 +226,11 @@ def load_tensors(path: str | os.PathLike, what: str, strip: Sequence[str] = (), 
 
     With `convert`, each tensor is read through its own map and converted: a map's pages stay resident while
     any tensor from it lives, so this way a converted tensor's file pages go at once.
+    A GGUF file's quantized tensors are dequantized (to `convert`, else fp32).
     """
     header = read_header(path, what, dtypes)
+    if is_gguf(header.path):
+        return _load_gguf(header.path, what, strip, skip, convert)
     names = {}
     for key in header.tensors:
         name = next((key[len(p):] for p in strip if key.startswith(p)), key)
@@ -232,6 +250,28 @@ def load_tensors(path: str | os.PathLike, what: str, strip: Sequence[str] = (), 
         raise AnimaError(f"{header.path} is truncated or not a safetensors file ({reason})") from None
 
 
+def _unflattened(recorded: tuple[int, ...] | None, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape ComfyUI-GGUF recorded for a tensor it flattened (GGUF has at most 4 dimensions), if it fits."""
+    return recorded if recorded is not None and math.prod(recorded) == math.prod(shape) else shape
+
+
+def _load_gguf(path: Path, what: str, strip: Sequence[str], skip: Sequence[str],
+               convert: torch.dtype | None) -> dict[str, torch.Tensor]:
+    header = read_gguf_header(path, what)
+    shapes = orig_shapes(header)
+    tensors = {}
+    for key, tensor in map_gguf(header).items():
+        name = next((key[len(p):] for p in strip if key.startswith(p)), key)
+        if skip and name.startswith(tuple(skip)):
+            continue
+        if isinstance(tensor, QuantizedTensor):
+            tensor = tensor.dequantize(convert or torch.float32)
+        elif convert is not None:
+            tensor = tensor.to(convert)
+        tensors[name] = tensor.reshape(_unflattened(shapes.get(key), tuple(tensor.shape)))
+    return tensors
+
+
 def fingerprint(path: str | os.PathLike, what: str) -> str:
     """A cheap, stable identity of a safetensors file: sha256 over its size, its whole header (every tensor's
     name, dtype, shape and offsets) and 64 blocks of 4 KiB spread evenly over its data.
@@ -240,6 +280,8 @@ def fingerprint(path: str | os.PathLike, what: str) -> str:
     about 256 KiB. It changes with any other file, any re-save, any change of layout or of any sampled block;
     only an in-place edit of the same bytes count that misses every sampled block would go unseen."""
     header = read_header(path, what)
+    if is_gguf(header.path):
+        return gguf_fingerprint(read_gguf_header(path, what))
     size = header.path.stat().st_size
     digest = hashlib.sha256(str(size).encode())
     with open(header.path, "rb") as f:

@@ -113,7 +113,7 @@ def export_subgraphs(dit_path: Path, width: int, height: int, out_dir: Path, dty
         raise AnimaError(f"DiT file not found: {dit_path}")
     # Everything is read and checked before out_dir is touched: a bad DiT or LoRA file leaves it as it was.
     opened = open_loras(list(loras), read_dit_config(dit_path), ignore_unmatched=lora_ignore_unmatched)
-    dit = load_dit(dit_path, DTYPES[dtype], loras=opened)
+    dit = load_dit(dit_path, DTYPES[dtype], loras=opened, dequantize=True)  # the NPU gets plain weights
     config = dit.config
     names = [f"{subgraph_name(index)}.onnx" for index in range(3 * config.blocks)]
     check_space(out_dir, parameter_bytes(dit.blocks, DTYPES[dtype].itemsize), "the subgraph set")

@@ -1,4 +1,5 @@
-"""Load and save the DiT + LLM adapter file (`net.` or `model.diffusion_model.` prefix, bf16 on disk)."""
+"""Load and save the DiT + LLM adapter file (`net.` or `model.diffusion_model.` prefix, bf16 on disk), or a GGUF of
+it (stable-diffusion.cpp's or ComfyUI-GGUF's, any prefix), whose quantized linear layers stay quantized."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ from collections.abc import Sequence
 
 import torch
 
+from ..core.gguf import is_gguf, map_gguf, read_gguf_header
+from ..core.quant import QuantizedTensor
 from ..core.tensorfile import Header, check_shapes, load_tensors, read_header, save_tensors
 from ..errors import AnimaError
 from .adapter import LLMAdapter
 from .config import CONTEXT_TOKENS, DiTConfig, infer_dit_config
-from .dit import AnimaDiT
-from .lora import Lora, merge_loras
+from .dit import AnimaDiT, HostLinear
+from .lora import Lora, attach_loras, merge_loras
+from .quantized import install_quantized, quantized_layers
 
 PREFIXES = ("model.diffusion_model.", "net.")
 ADAPTER_PREFIX = "llm_adapter."
@@ -71,13 +75,16 @@ def expected_shapes(config: DiTConfig) -> dict[str, tuple[int, ...]]:
         return {k: tuple(v.shape) for k, v in AnimaDiT(config).state_dict().items()}
 
 
-def _mapped(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Every tensor of the file through one new memory map; its pages stay resident while any of them lives."""
+def _mapped(path: str | os.PathLike) -> dict[str, torch.Tensor | QuantizedTensor]:
+    """Every tensor of the file through one new memory map; its pages stay resident while any of them lives.
+    A GGUF file's quantized tensors come as QuantizedTensor (their blocks, in place)."""
+    if is_gguf(path):
+        return {_strip(k): v for k, v in map_gguf(read_gguf_header(path, "DiT")).items()}
     return {_strip(k): v for k, v in load_tensors(path, "DiT").items()}
 
 
-def load_dit(path: str | os.PathLike, dtype: torch.dtype = torch.float32, *,
-             denoise_only: bool = False, loras: Sequence[Lora] = (), just_in_time: bool = False) -> AnimaDiT:
+def load_dit(path: str | os.PathLike, dtype: torch.dtype = torch.float32, *, denoise_only: bool = False,
+             loras: Sequence[Lora] = (), just_in_time: bool = False, dequantize: bool = False) -> AnimaDiT:
     """The DiT with sizes read from the file; attention/MLP bodies in `dtype`, everything else fp32.
 
     Tensors already stored in their target dtype are used in place from a memory map of the file; the others
@@ -90,6 +97,9 @@ def load_dit(path: str | os.PathLike, dtype: torch.dtype = torch.float32, *,
     memory of the file's dtype at the speed of `dtype`.
     `loras` (opened for this DiT) are merged in fp32; only the weights they touch are copied: bodies then take
     `dtype`, host weights fp32.
+    A GGUF file's quantized linear layers stay quantized (model.quantized: dequantized as they run, LoRAs added
+    then), unless `dequantize` (an export) asks for plain weights; its other quantized tensors (norms, the
+    adapter's embedding) are dequantized at load.
     """
     config = read_dit_config(path)
     expected = expected_shapes(config)
@@ -104,17 +114,22 @@ def load_dit(path: str | os.PathLike, dtype: torch.dtype = torch.float32, *,
     def usable_in_place(name: str, tensor: torch.Tensor) -> bool:
         return tensor.dtype == target(name, tensor.dtype) and not (denoise_only and _RELEASABLE.match(name))
 
-    merged = {} if not loras else merge_loras({k: v for k, v in _mapped(path).items() if k in expected}, loras,
-                                              lambda name: dtype if _BODY.match(name) else torch.float32)
-    in_place = {k: v for k, v in _mapped(path).items()
-                if k in expected and k not in merged and usable_in_place(k, v)}
-    converted = {k: v.to(target(k, v.dtype), copy=True) for k, v in _mapped(path).items()
-                 if k in expected and k not in in_place and k not in merged}
     with torch.device("meta"):
         model = AnimaDiT(config)
     if denoise_only:
         model.llm_adapter = None
-    model.load_state_dict(in_place | converted | merged, strict=True, assign=True)
+    tensors = {k: v for k, v in _mapped(path).items() if k in expected}
+    if not dequantize:
+        tensors = install_quantized(model, tensors, HostLinear)
+        attach_loras(quantized_layers(model), loras)
+    dense = {k: v.dequantize(target(k, torch.float32)) for k, v in tensors.items() if isinstance(v, QuantizedTensor)}
+    merged = {} if not loras else merge_loras({k: v for k, v in (_mapped(path) | dense).items() if k in tensors},
+                                              loras, lambda name: dtype if _BODY.match(name) else torch.float32)
+    done = dense.keys() | merged.keys()
+    in_place = {k: v for k, v in tensors.items() if k not in done and usable_in_place(k, v)}
+    converted = {k: v.to(target(k, v.dtype), copy=True) for k, v in _mapped(path).items()
+                 if k in tensors and k not in in_place and k not in done}
+    model.load_state_dict(in_place | converted | dense | merged, strict=True, assign=True)
     model.body_dtype = dtype
     return model.eval().requires_grad_(False)
 
@@ -122,12 +137,15 @@ def load_dit(path: str | os.PathLike, dtype: torch.dtype = torch.float32, *,
 def load_llm_adapter(path: str | os.PathLike, loras: Sequence[Lora] = ()) -> LLMAdapter:
     """The LLM adapter alone, in fp32, from its own memory map of the DiT file, with `loras` merged."""
     config = read_dit_config(path)
-    mapped = {k: v for k, v in _mapped(path).items() if k.startswith(ADAPTER_PREFIX)}
+    with torch.device("meta"):
+        adapter = LLMAdapter(config)
+    mapped = install_quantized(adapter, {k.removeprefix(ADAPTER_PREFIX): v for k, v in _mapped(path).items()
+                                         if k.startswith(ADAPTER_PREFIX)}, HostLinear)
+    attach_loras({ADAPTER_PREFIX + k: v for k, v in quantized_layers(adapter).items()}, loras)
+    mapped = {ADAPTER_PREFIX + k: v.dequantize() if isinstance(v, QuantizedTensor) else v for k, v in mapped.items()}
     if loras:
         mapped |= merge_loras(mapped, loras, lambda name: torch.float32)
     tensors = {k.removeprefix(ADAPTER_PREFIX): v.float() for k, v in mapped.items()}
-    with torch.device("meta"):
-        adapter = LLMAdapter(config)
     adapter.load_state_dict(tensors, strict=True, assign=True)
     return adapter.eval().requires_grad_(False)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -24,6 +24,7 @@ from ..core.tensorfile import fingerprint, load_tensors, read_header
 from ..errors import AnimaError
 from .config import DiTConfig
 from .dit import AnimaDiT
+from .quantized import QuantizedLinear
 
 MAX_SCALE = 100.0
 MAX_LORAS = 16
@@ -178,15 +179,20 @@ class Lora:
         """The file's tensors (its values are checked as each layer is merged)."""
         return load_tensors(self.ref.path, "LoRA")
 
-    def delta(self, name: str, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """scale * alpha / rank * up @ down, in fp32, for the weight `name` (one of self.layers)."""
+    def factors(self, name: str, tensors: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scale * alpha / rank * up, down), in fp32, for the weight `name` (one of self.layers)."""
         layer = self.layers[name]
         parts = {key: tensors[key].float() for key in (layer.down, layer.up, layer.alpha) if key is not None}
         for key, value in parts.items():
             if not bool(torch.isfinite(value).all()):
                 raise AnimaError(f"{self.ref.path}: tensor {key} holds NaN or Inf")
         alpha = float(parts[layer.alpha]) if layer.alpha is not None else float(layer.rank)
-        return (self.ref.scale * alpha / layer.rank) * (parts[layer.up] @ parts[layer.down])
+        return (self.ref.scale * alpha / layer.rank) * parts[layer.up], parts[layer.down]
+
+    def delta(self, name: str, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """scale * alpha / rank * up @ down, in fp32, for the weight `name` (one of self.layers)."""
+        up, down = self.factors(name, tensors)
+        return up @ down
 
 
 def _shown_keys(keys: Sequence[str], count: int = 3) -> str:
@@ -265,18 +271,38 @@ def merge_loras(base: Mapping[str, torch.Tensor], loras: Sequence[Lora],
     """New tensors for the weights in `base` that the LoRAs touch: base + every LoRA's delta, summed in fp32,
     then cast to dtype_of(name). Only these are copied, one fp32 working copy at a time; `base` (a file's
     memory map) is never written."""
-    touched = sorted(set().union(*(lora.layers for lora in loras)) & set(base))
-    files = [lora.read() if touched else {} for lora in loras]
+    touched, files = _touched(base, loras)
     merged = {}
     for name in touched:
         weight = base[name].to(torch.float32, copy=True)
         for lora, tensors in zip(loras, files):
             if name in lora.layers:
                 weight += lora.delta(name, tensors)
-        if not bool(torch.isfinite(weight).all()):
-            raise AnimaError(f"merging the LoRAs into {name} gives NaN or Inf: lower their scales")
+        _check_merged(name, weight)
         merged[name] = weight.to(dtype_of(name))
     return merged
+
+
+def _touched(weights: Collection[str], loras: Sequence[Lora]) -> tuple[list[str], list[dict[str, torch.Tensor]]]:
+    """The weight names the LoRAs touch among `weights`, and the LoRA files' tensors (read only if any)."""
+    touched = sorted(set().union(*(lora.layers for lora in loras)) & set(weights))
+    return touched, [lora.read() if touched else {} for lora in loras]
+
+
+def _check_merged(name: str, weight: torch.Tensor) -> None:
+    if not bool(torch.isfinite(weight).all()):
+        raise AnimaError(f"merging the LoRAs into {name} gives NaN or Inf: lower their scales")
+
+
+def attach_loras(layers: Mapping[str, QuantizedLinear], loras: Sequence[Lora]) -> None:
+    """LoRAs on quantized layers (by weight name): their factors kept by each layer and added at every
+    dequantization (model.quantized); the sum is checked once here, one layer at a time."""
+    touched, files = _touched(layers, loras)
+    for name in touched:
+        for lora, tensors in zip(loras, files):
+            if name in lora.layers:
+                layers[name].add_lora(*lora.factors(name, tensors))
+        _check_merged(name, layers[name].weight_as(torch.float32))
 
 
 def lora_fingerprints(loras: Sequence[LoraRef]) -> str | None:
@@ -320,6 +346,6 @@ def named_lora(name: str, scale: float, lora_dir: Path | None) -> LoraRef:
     return LoraRef(path, scale)
 
 
-__all__ = ["Lora", "LoraRef", "MAX_LORAS", "kohya_name", "kohya_tensors", "linear_shapes", "lora_fingerprints",
-           "lora_refs", "lora_tag", "merge_loras", "named_lora", "open_lora", "open_loras", "parse_lora_option",
-           "prompt_loras"]
+__all__ = ["Lora", "LoraRef", "MAX_LORAS", "attach_loras", "kohya_name", "kohya_tensors", "linear_shapes",
+           "lora_fingerprints", "lora_refs", "lora_tag", "merge_loras", "named_lora", "open_lora", "open_loras",
+           "parse_lora_option", "prompt_loras"]

@@ -103,12 +103,14 @@ def tokenizers_for(dit: Path | None, root: Path | None = None) -> dict[str, Path
 
 
 def single_safetensors(folder: Path, what: str) -> Path:
+    """The one checkpoint in a folder of the layout: a .safetensors file or a GGUF (.gguf) in its place."""
     if not folder.is_dir():
         raise AnimaError(f"model directory has no {what} folder: {folder}")
-    found = sorted(folder.glob("*.safetensors"))
+    found = sorted([*folder.glob("*.safetensors"), *folder.glob("*.gguf")])
     if len(found) != 1:
         listing = ", ".join(p.name for p in found) or "none"
-        raise AnimaError(f"expected one {what} .safetensors in {folder}, found {listing}; pass the file explicitly")
+        raise AnimaError(f"expected one {what} .safetensors or .gguf in {folder}, found {listing}; "
+                         "pass the file explicitly")
     return found[0]
 
 

@@ -48,8 +48,9 @@ def _shape(shapes: Mapping[str, Sequence[int]], name: str, rank: int) -> tuple[i
 
 
 def qwen3_config_from_shapes(shapes: Mapping[str, Sequence[int]]) -> Qwen3Config:
-    """Infer the Qwen3 config from tensor names and shapes (names with or without the "model." prefix)."""
-    shapes = {name.removeprefix(FILE_PREFIX): shape for name, shape in shapes.items()}
+    """Infer the Qwen3 config from tensor names and shapes (names with or without the "model." prefix, or
+    llama.cpp's)."""
+    shapes = {_hf_name(name): shape for name, shape in shapes.items()}
     layer_indices = [int(m.group(1)) for name in shapes if (m := _LAYER_INDEX.match(name))]
     if not layer_indices:
         raise AnimaError("text encoder file has no model.layers.N.* tensors; is it a Qwen3 checkpoint?")
@@ -119,9 +120,32 @@ def _unloaded_model(config: Qwen3Config, shapes: Mapping[str, Sequence[int]]) ->
     return model
 
 
+# llama.cpp's names (a GGUF of Qwen3 from llama.cpp or ComfyUI-GGUF) -> Hugging Face's, as stable-diffusion.cpp maps
+# them; Qwen3's q/k rows are not permuted by llama.cpp's converter (only LLaMA's are).
+_LLAMA_CPP_TOP = {"token_embd.": "embed_tokens.", "output_norm.": "norm.", "output.": "lm_head."}
+_LLAMA_CPP_LAYER = {".attn_q_norm.": ".self_attn.q_norm.", ".attn_k_norm.": ".self_attn.k_norm.",
+                    ".attn_q.": ".self_attn.q_proj.", ".attn_k.": ".self_attn.k_proj.", ".attn_v.": ".self_attn.v_proj.",
+                    ".attn_output.": ".self_attn.o_proj.", ".attn_norm.": ".input_layernorm.",
+                    ".ffn_norm.": ".post_attention_layernorm.", ".ffn_gate.": ".mlp.gate_proj.",
+                    ".ffn_up.": ".mlp.up_proj.", ".ffn_down.": ".mlp.down_proj."}  # fmt: skip
+
+
+def _hf_name(name: str) -> str:
+    """A tensor name without the "model." prefix, in Hugging Face's naming."""
+    name = name.removeprefix(FILE_PREFIX)
+    if name.startswith("blk."):
+        name = "layers." + name.removeprefix("blk.")
+        for old, new in _LLAMA_CPP_LAYER.items():
+            name = name.replace(old, new)
+        return name
+    top = next((old for old in _LLAMA_CPP_TOP if name.startswith(old)), None)
+    return name if top is None else _LLAMA_CPP_TOP[top] + name.removeprefix(top)
+
+
 def load_text_encoder(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> TextEncoder:
-    """Load a Qwen3 text encoder file ("model." prefix or none; lm_head.* ignored), config from its shapes."""
-    shapes = {name.removeprefix(FILE_PREFIX): shape for name, shape in read_shapes(path, "text encoder").items()}
+    """Load a Qwen3 text encoder file ("model." prefix or none, or llama.cpp's GGUF names; lm_head.* ignored),
+    config from its shapes."""
+    shapes = {_hf_name(name): shape for name, shape in read_shapes(path, "text encoder").items()}
     shapes = {name: shape for name, shape in shapes.items() if not name.startswith(IGNORED_PREFIX)}
     try:
         config = qwen3_config_from_shapes(shapes)
@@ -129,7 +153,8 @@ def load_text_encoder(path: str | os.PathLike, dtype: torch.dtype = torch.float3
     except AnimaError as e:  # name the file: the same checks serve shapes from anywhere
         raise AnimaError(f"{path}: {e}") from None
     # One memory map per tensor: converting then never holds the file and the copy together.
-    tensors = load_tensors(path, "text encoder", strip=(FILE_PREFIX,), skip=(IGNORED_PREFIX,), convert=dtype)
+    tensors = {_hf_name(name): t for name, t in load_tensors(path, "text encoder", strip=(FILE_PREFIX,),
+                                                               skip=(IGNORED_PREFIX, "output."), convert=dtype).items()}
     if {name: tuple(t.shape) for name, t in tensors.items()} != shapes:
         raise AnimaError(f"{path} changed while it was being read")
     model.load_state_dict(tensors, assign=True, strict=True)
