@@ -36,8 +36,15 @@ from ..checks import is_whole_number
 from ..core.tensorfile import read_metadata
 from ..errors import AnimaError
 from ..generation.images import INPAINT_AREAS, MASKED_CONTENT, RESIZE_MODES
-from ..generation.params import HIRES_UPSCALERS, REQUEST_FIELDS, GenerationParams, default, option
+from ..generation.params import (
+    HIRES_UPSCALERS,
+    REQUEST_FIELDS,
+    GenerationParams,
+    default,
+    option,
+)
 from ..sampling.samplers import SAMPLERS, call_sigmas, sampler_name
+from ..sampling.samplers import sampler_and_scheduler as samplers_and_schedulers
 from ..sampling.schedule import (
     A1111_SCHEDULES,
     SCHEDULE_LABELS,
@@ -54,54 +61,13 @@ from .webui_options import CLIP_SKIP, MODEL, WEBUI_OPTIONS, Options, checked_opt
 if TYPE_CHECKING:
     from .runtime import Server
 
-# Every spelling of a schedule that may end an old A1111 sampler name ("DPM++ 2M Karras"), longest first.
-_SCHEDULE_SUFFIXES = sorted({*SCHEDULES, *SCHEDULE_LABELS.values(), *A1111_SCHEDULES}, key=len, reverse=True)
-
-
-# WebUI's samplers this server has under another name: DDIM at eta 0 (WebUI's eta_ddim default) is, for a flow
-# model, the Euler step (x0 and the velocity re-scaled to the next sigma: sampling/samplers.py's euler).
-A1111_SAME_SAMPLERS = {"ddim": "euler"}
-# WebUI's samplers this server lacks, with why (SillyTavern and WebUI's tests ask for them by name).
-A1111_MISSING_SAMPLERS = {
-    "plms": "PLMS is a linear multistep method for the noise-prediction models of 2022, with no flow-model form "
-            "here; its nearest here is DPM++ 2M (dpmpp_2m), a multistep sampler too",
-    "unipc": "UniPC is not implemented on this server yet; DPM++ 2M (dpmpp_2m) is the nearest multistep sampler",
-}
-
-
-def _a1111_sampler(sampler: Any) -> str:
-    """Ours for a sampler name, WebUI's DDIM included; WebUI's PLMS and UniPC refused with the reason."""
-    key = sampler.strip().casefold() if isinstance(sampler, str) else None
-    try:
-        return sampler_name(sampler)
-    except AnimaError:
-        if key in A1111_SAME_SAMPLERS:
-            return A1111_SAME_SAMPLERS[key]
-        if key in A1111_MISSING_SAMPLERS:
-            raise BadRequest(f"sampler {sampler}: {A1111_MISSING_SAMPLERS[key]}") from None
-        raise
-
-
 def sampler_and_scheduler(sampler: Any, scheduler: Any) -> tuple[str, Any]:
-    """A request's sampler_name and scheduler as ours: A1111's display names and ours are taken, and A1111's older
-    names with a schedule after the sampler ("DPM++ 2M Karras", "DPM++ 2M SDE Exponential") mean that sampler and
-    schedule, unless the request names a schedule itself ("automatic", webuiapi's default, names none)."""
+    """A request's sampler_name and scheduler as ours (sampling/samplers.py reads A1111's names, "DDIM", "UniPC"
+    and "DPM++ 2M Karras" included, and refuses PLMS with the reason); a refusal is a 400."""
     try:
-        return _a1111_sampler(sampler), scheduler
-    except BadRequest:
-        raise
-    except AnimaError as unknown:
-        if isinstance(sampler, str):
-            for suffix in _SCHEDULE_SUFFIXES:
-                if sampler.casefold().endswith(" " + suffix.casefold()):
-                    try:
-                        ours = _a1111_sampler(sampler[: -len(suffix) - 1])
-                    except AnimaError:
-                        break
-                    named = scheduler is not None and not (isinstance(scheduler, str) and
-                                                           scheduler.casefold() == "automatic")
-                    return ours, scheduler if named else schedule_name(suffix)
-        raise BadRequest(str(unknown)) from None
+        return samplers_and_schedulers(sampler, scheduler)
+    except AnimaError as e:
+        raise BadRequest(str(e)) from None
 
 
 # A1111's numbered choices (its API takes the numbers; ours are taken too).
