@@ -120,7 +120,7 @@ def test_batch_extras_refuse(url, body, words):
     ({"seed": "nan"}, "seed must be"),
     ({"steps": "1e400"}, "steps"),
     ({"width": "64.5"}, "width must be a whole number"),
-    ({"sampler_name": "PLMS"}, "PLMS is a linear multistep"),
+    ({"sampler_name": "PLMS"}, "PLMS steps a discrete DDPM"),
     ({"override_settings": {"sd_model_checkpoint": "missing.safetensors"}}, "'missing.safetensors': no such model"),
     ({"override_settings": {"CLIP_stop_at_last_layers": 2}}, "override_settings CLIP_stop_at_last_layers 2"),
     ({"override_settings": {"CLIP_stop_at_last_layers": "2"}}, "must be a number"),
