@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..export.calibration import agreement
 from ..export.manifest import read_manifest
 from ..export.rknn import read_converted_manifest
 from ..model.dit import AnimaDiT
@@ -59,13 +60,6 @@ def capture_pass(dit: AnimaDiT, latent: torch.Tensor, sigma: float, context: tor
     engine.velocity(latent, sigma, context)
     engine.close()
     return recorder
-
-
-def agreement(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
-    """Cosine similarity and max error relative to the reference's largest magnitude, in float64."""
-    g, w = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
-    cosine = float(g @ w / max(np.linalg.norm(g) * np.linalg.norm(w), np.finfo(np.float64).tiny))
-    return cosine, float(np.abs(g - w).max() / max(np.abs(w).max(), np.finfo(np.float64).tiny))
 
 
 def verify_subgraphs(rknn_dir: Path, recorder: RecordingBackend, runtime: str = "auto") -> list[SubgraphAccuracy]:
