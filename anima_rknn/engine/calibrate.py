@@ -9,7 +9,7 @@ encoding is the pipeline's work, above the engine.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,9 +55,27 @@ class _GatedRecorder(RecordingBackend):
     def __init__(self, inner: TorchBackend) -> None:
         super().__init__(inner)
         self.on = False
+        self.pass_ = (0, "cond")  # the step and branch of the pass being recorded
 
     def run(self, index: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return super().run(index, inputs) if self.on else self.inner.run(index, inputs)
+
+
+@torch.inference_mode()
+def euler_cfg(engine: SplitEngine, run: CalibrationRun, sigmas: np.ndarray, cfg: float,
+              before_pass: Callable[[int, str], None] = lambda step, branch: None) -> np.ndarray:
+    """A whole Euler sampling of `run` with CFG on `engine` (generate's default sampler); `before_pass(step,
+    branch)` is told of each pass before it runs. The final latent."""
+    x = torch.from_numpy(np.ascontiguousarray(run.noise, dtype=np.float32))
+    for step in range(len(sigmas) - 1):
+        sigma = float(sigmas[step])
+        velocities = []
+        for branch, context in (("cond", run.positive), ("uncond", run.negative)):
+            before_pass(step, branch)
+            velocities.append(engine.velocity(x, sigma, context))
+        v = velocities[1] + cfg * (velocities[0] - velocities[1])
+        x = x + (float(sigmas[step + 1]) - sigma) * v
+    return x.numpy()
 
 
 @torch.inference_mode()
@@ -76,21 +94,21 @@ def capture_calibration(dit: AnimaDiT, source: dict[str, Any], out: Path, runs: 
     engine = SplitEngine(dit, recorder)
     writer = CalibrationWriter(out, source, overwrite=overwrite)
     bar = tqdm(total=len(runs) * steps, desc="calibrate", unit="step", disable=not progress)
+
+    def record(number: int, run: CalibrationRun, step: int, branch: str) -> None:
+        """Before each pass: keep the last one's records if it was captured; capture this one at a kept step."""
+        if recorder.on:  # the pass before this one was captured
+            done_step, done_branch = recorder.pass_
+            writer.add(Sample(number, run.prompt, run.seed, done_step, float(sigmas[done_step]), done_branch,
+                              held_out=number == len(runs) - 1), recorder.records)
+        recorder.on, recorder.records, recorder.pass_ = step in keep, {}, (step, branch)
+        if branch == "cond" and step:
+            bar.update()
+
     try:
         for number, run in enumerate(runs):
-            x = torch.from_numpy(np.ascontiguousarray(run.noise, dtype=np.float32))
-            for step in range(steps):
-                sigma = float(sigmas[step])
-                velocities = []
-                for branch, context in (("cond", run.positive), ("uncond", run.negative)):
-                    recorder.on, recorder.records = step in keep, {}
-                    velocities.append(engine.velocity(x, sigma, context))
-                    if recorder.on:
-                        writer.add(Sample(number, run.prompt, run.seed, step, sigma, branch,
-                                          held_out=number == len(runs) - 1), recorder.records)
-                v = velocities[1] + cfg * (velocities[0] - velocities[1])
-                x = x + (float(sigmas[step + 1]) - sigma) * v  # Euler, as generate's default sampler
-                bar.update()
+            euler_cfg(engine, run, sigmas, cfg, lambda step, branch: record(number, run, step, branch))
+            record(number, run, steps, "cond")  # the last pass's samples
     finally:
         bar.close()
         engine.close()
