@@ -4,6 +4,7 @@ the manifest's precision against the file, resumption, and bad calibration sets.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -184,3 +185,28 @@ def test_a_calibration_set_that_does_not_fit_is_refused_in_one_line(calibration,
 def test_unknown_quantization_options_are_refused(args, message):
     with pytest.raises(AnimaError, match=message):
         check_quantize_options(*args)
+
+
+def _first_quantized(manifest: dict) -> dict:
+    return next(r for r in manifest["rknn"]["subgraphs"] if r["precision"] != "float16")
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda m: _first_quantized(m).update(precision="int4"), "expected one of float16, w8a8, hybrid"),
+    (lambda m: _first_quantized(m)["quant_files"][0].update(file="../b00_mlp.model"), "quant_files[0].file: expected"),
+    (lambda m: _first_quantized(m)["quant_files"].pop(), "quant_files: expected 3 entries, got 2"),
+    (lambda m: _first_quantized(m)["held_out_cosine"].update(w8a8=float("nan")), "expected a number from -1.0 to 1.0"),
+    (lambda m: _first_quantized(m).update(held_out_cosine={"float16": 1.0}), "has no figure for the precision chosen"),
+    (lambda m: _first_quantized(m).update(precision="float16", held_out_cosine={"float16": 1.0}),
+     "an fp16 subgraph has no quantization files"),
+    (lambda m: m["rknn"]["quantization"].update(algorithm="best"), "expected one of normal, mmse, kl_divergence"),
+    (lambda m: m["rknn"]["quantization"].update(calibration_sha256="x"), "expected a sha256"),
+])
+def test_a_damaged_quantized_manifest_is_refused_in_one_line(w8a8_set, tmp_path, change, message):
+    folder = shutil.copytree(w8a8_set, tmp_path / "q")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    change(manifest)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(AnimaError, match=re.escape(message)) as raised:
+        read_manifest(folder)
+    assert "\n" not in str(raised.value)
