@@ -149,6 +149,9 @@ def plan(subgraphs: Path | None, preset: str | None, width: int, height: int, bu
         manifest = read_manifest(subgraphs)
         width, height = manifest["width"], manifest["height"]
         memory = plan_memory(manifest, budget_bytes)
+        if "quantization" in manifest.get("rknn", {}):  # the sizes above are the quantized set's own
+            counts = Counter(r["precision"] for r in manifest["rknn"]["subgraphs"])
+            click.echo("quantized set: " + ", ".join(f"{counts[p]} {p}" for p in PRECISIONS if counts[p]))
     else:
         config = PRESETS[preset]
         memory = predict_memory(config.hidden, config.blocks, token_count(width, height), config.mlp, budget_bytes,

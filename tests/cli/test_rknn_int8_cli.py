@@ -36,6 +36,10 @@ def test_convert_captures_calibration_quantizes_and_verify_reports_precisions(ru
     table = run_cli("verify-rknn", "--model", model_dir, "--subgraphs", out, "--runtime", "simulator",
                     "--min-cosine", "0.9", "--prompt", "a blue square")
     assert "precision" in table.out.splitlines()[0] and "held out" in table.out.splitlines()[0]
+    plan = run_cli("plan", "--subgraphs", out, "--budget", "8GB")
+    kept = sum(m["precision"] != "float16" for m in manifest)
+    assert plan.code == 0 and plan.out.startswith("quantized set: ") and f"{kept} " in plan.out.splitlines()[0]
+    assert "activations compiler" in plan.out and "per transformer pass: 0 loads" in plan.out
 
 
 @pytest.mark.parametrize(("args", "message"), [
