@@ -87,7 +87,8 @@ def convert_rknn(subgraphs: Path, target: str, out: Path, overwrite: bool, quant
 
     With --quantize w8a8 each subgraph is calibrated on the inputs it received in real fp32 torch runs of the
     model (captured into --calibration, or read from there), then checked in the simulator on a held-out run:
-    below --min-cosine its attention core goes back to fp16, and if that is still below, the whole subgraph.
+    below --min-cosine its output projection, output and attention core go back to fp16 (hybrid), and if that is
+    still below, the whole subgraph.
     """
     check_quantize_options(quantize, quantized_algorithm, min_cosine)
     quantization = None

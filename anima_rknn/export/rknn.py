@@ -9,8 +9,8 @@ decoder, and its encoder where export-vae --encoder wrote one (vae_decoder.rknn,
 
 A quantized (w8a8) conversion calibrates each subgraph on a calibration set (export.calibration) through the
 toolkit's hybrid-quantization steps, then checks it in the simulator against fp32 on the set's held-out passes:
-below the threshold its attention core (softmax(QK^T)V) goes back to fp16 (hybrid), and if that is still below,
-the whole subgraph stays fp16. A quantized subgraph keeps the toolkit's step-1 files beside its .rknn
+below the threshold its output projection, output and attention core (softmax(QK^T)V) go back to fp16 (hybrid),
+and if that is still below, the whole subgraph stays fp16. A quantized subgraph keeps the toolkit's step-1 files beside its .rknn
 (.model, .data, .quantization.cfg): the simulator rebuilds its context from those, as it does an fp16 one from the
 ONNX file.
 """
@@ -63,8 +63,11 @@ DEFAULT_ALGORITHM = "normal"  # as good as mmse and kl_divergence on held-out pa
 # A quantized subgraph's worst held-out cosine against fp32 must reach this, or it falls back (docs/npu-int8.md).
 DEFAULT_MIN_QUANT_COSINE = 0.999
 _IO_DTYPE = re.compile(rb'"dtype": "(int8|float16|float32)"')
-# The attention core's tensors in the toolkit's graph (its fused exSDPAttention): kept fp16 in a hybrid subgraph.
-_ATTENTION_CORE = re.compile(r"^    (\S*sdpa\S*):$", re.MULTILINE)
+# The layers a hybrid subgraph keeps fp16: the output projection and the output (the toolkit names them after the
+# output, y_mm ... y_int8), and the attention core (its fused exSDPAttention). The int8 output was where held-out
+# passes lost most (a new prompt's output past the calibrated range; the uncond branch's far smaller one):
+# docs/measurements/npu-int8.md.
+_HYBRID_LAYERS = re.compile(r"^    (y_\S+|\S*sdpa\S*):$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -298,15 +301,15 @@ def _step1(onnx_path: Path, index: int, quantization: Quantization, target: str)
 
 
 def _hybrid(step1: tuple[Path, Path, Path]) -> tuple[Path, Path, Path] | None:
-    """Step 1's files with the attention core's layers set to fp16, or None where the subgraph has no attention."""
+    """Step 1's files with the output projection, the output and any attention core set to fp16 (None where the
+    toolkit's configuration has no such layers or already lists some)."""
     text = step1[2].read_text(encoding="utf-8")
-    core = _ATTENTION_CORE.findall(text)
-    if not core or "custom_quantize_layers: {}" not in text:
+    layers = _HYBRID_LAYERS.findall(text)
+    if not layers or "custom_quantize_layers: {}" not in text:
         return None
-    layers = "".join(f"    {name}: float16\n" for name in core)
+    listed = "".join(f"\n    {name}: float16" for name in layers)
     cfg = step1[2].with_name(f"hybrid{step1[2].suffix}")
-    cfg.write_text(text.replace("custom_quantize_layers: {}", f"custom_quantize_layers:\n{layers}".rstrip("\n"), 1),
-                   encoding="utf-8")
+    cfg.write_text(text.replace("custom_quantize_layers: {}", f"custom_quantize_layers:{listed}", 1), encoding="utf-8")
     return step1[0], step1[1], cfg
 
 
