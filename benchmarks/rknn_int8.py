@@ -146,8 +146,8 @@ def sigmas(work: Path, onnx: Path, calibration, report: dict) -> None:
         for kind, per_step in kinds.items():
             cells = " | ".join(f"{np.mean(per_step[k]):.5f}" if k in per_step else "" for k in steps)
             print(f"| {label} | {kind} | {cells} |")
-    report["sigmas"] = {label: {kind: {str(k): float(np.mean(v)) for k, v in per.items()} for kind, per in kinds.items()}
-                        for label, kinds in table.items()}
+    report["sigmas"] = {label: {kind: {str(k): float(np.mean(v)) for k, v in per.items()}
+                                for kind, per in kinds.items()} for label, kinds in table.items()}
 
 
 def sample_images(pipeline: AnimaPipeline, dit, backend, eval_runs: list[CalibrationRun]) -> list[np.ndarray]:

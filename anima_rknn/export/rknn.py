@@ -10,9 +10,9 @@ decoder, and its encoder where export-vae --encoder wrote one (vae_decoder.rknn,
 A quantized (w8a8) conversion calibrates each subgraph on a calibration set (export.calibration) through the
 toolkit's hybrid-quantization steps, then checks it in the simulator against fp32 on the set's held-out passes:
 below the threshold its output projection, output and attention core (softmax(QK^T)V) go back to fp16 (hybrid),
-and if that is still below, the whole subgraph stays fp16. A quantized subgraph keeps the toolkit's step-1 files beside its .rknn
-(.model, .data, .quantization.cfg): the simulator rebuilds its context from those, as it does an fp16 one from the
-ONNX file.
+and if that is still below, the whole subgraph stays fp16. A quantized subgraph keeps the toolkit's step-1 files
+beside its .rknn (.model, .data, .quantization.cfg): the simulator rebuilds its context from those, as it does an
+fp16 one from the ONNX file.
 """
 
 from __future__ import annotations
