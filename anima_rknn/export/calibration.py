@@ -34,6 +34,7 @@ from .manifest import set_file, subgraph_name
 CALIBRATION_FORMAT = "anima-rknn-calibration/1"
 CALIBRATION_JSON = "calibration.json"
 DATASET_FILE = "dataset.txt"
+CAPTURING = ".capturing"  # marks a capture in progress (removed once calibration.json is written)
 BRANCHES = ("cond", "uncond")
 MAX_SAMPLES = 4096
 MAX_PROMPT_CHARS = 4000
@@ -66,9 +67,11 @@ class CalibrationWriter:
     calibration.json last, so a folder without it is never taken for a complete set."""
 
     def __init__(self, folder: Path, source: dict[str, Any], overwrite: bool = False) -> None:
-        self.folder = output_folder(folder, overwrite=overwrite, holds="other files",
+        # An interrupted capture (its marker still there) is started again in its own folder without --overwrite.
+        self.folder = output_folder(folder, overwrite=overwrite, holds="other files", resumable=CAPTURING,
                                     names=[CALIBRATION_JSON, *(subgraph_name(e["index"]) for e in source["subgraphs"])])
         (self.folder / CALIBRATION_JSON).unlink(missing_ok=True)
+        (self.folder / CAPTURING).touch()
         self.source = source
         self.samples: list[Sample] = []
         for entry in source["subgraphs"]:
@@ -103,6 +106,7 @@ class CalibrationWriter:
             "samples": [{"run": s.run, "prompt": s.prompt, "seed": s.seed, "step": s.step, "sigma": s.sigma,
                          "branch": s.branch, "held_out": s.held_out} for s in samples],
         }, overwrite=True)
+        (self.folder / CAPTURING).unlink()
         return self.folder
 
 

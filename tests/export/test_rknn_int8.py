@@ -210,3 +210,19 @@ def test_a_damaged_quantized_manifest_is_refused_in_one_line(w8a8_set, tmp_path,
     with pytest.raises(AnimaError, match=re.escape(message)) as raised:
         read_manifest(folder)
     assert "\n" not in str(raised.value)
+
+
+def test_an_interrupted_capture_starts_again_in_its_own_folder(tiny_set, tiny_onnx_set, tmp_path):
+    from anima_rknn.export.calibration import CalibrationWriter
+
+    source = read_manifest(tiny_onnx_set)
+    folder = tmp_path / "calibration"
+    CalibrationWriter(folder, source)  # killed before its first sample
+    assert (folder / ".capturing").exists() and not (folder / CALIBRATION_JSON).exists()
+    dit = load_dit(tiny_set.dit, torch.float32)
+    context = torch.zeros((1, dit.config.context_tokens, dit.config.context_dim))
+    runs = [CalibrationRun("x", i, np.zeros((1, 16, 8, 8), np.float32), context, context + 1) for i in range(2)]
+    calibration = capture_calibration(dit, source, folder, runs, steps=2, captured=1, progress=False)
+    assert len(calibration.samples) == 4 and not (folder / ".capturing").exists()
+    with pytest.raises(AnimaError, match="is not empty"):  # a finished one is never written over unasked
+        CalibrationWriter(folder, source)
