@@ -7,6 +7,8 @@ Sections (all by default), each printing Markdown tables for docs/measurements/n
   cosine against fp32 on the held-out run, per subgraph kind, and the conversion time.
 - sigmas: the static calibration's held-out cosine per captured step (sigma), and per-sigma calibrations (early
   steps only, late steps only) checked on the held-out passes of their own steps.
+- layers: for a few subgraphs, which layers kept fp16 (the toolkit's hybrid quantization) recover the held-out
+  cosine: the attention core, the output projection and output, both.
 - fullwidth (not by default: slow): the residency table, from one full-width block per size (see full_width).
 - images: prompts and seeds the calibration never saw (the demo reader's prompt set, seed 7, noise seeds 1000 + i),
   sampled Euler 20 steps CFG 4 with the fp32 torch bodies, the fp16 set and w8a8 sets at several thresholds, all in
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -262,14 +265,61 @@ def full_width(work: Path, report: dict, sides: list[int], budget: str) -> None:
                 "peak_bytes": plan.peak_bytes}
 
 
+def layers(work: Path, onnx: Path, calibration, report: dict, indices: list[int]) -> None:
+    """Which layers kept fp16 recover a subgraph: the toolkit's step 1 once, then step 2 with each choice, checked
+    on the held-out passes (worst / mean cosine)."""
+    from anima_rknn.export.rknn import _step1, quantized_model
+
+    source = read_manifest(onnx)
+    quantization = Quantization("w8a8", "normal", ALL_INT8, calibration)
+    print("\n### Layers kept fp16 (held-out worst / mean cosine against fp32)\n")
+    choices = {"none (w8a8)": lambda n: False, "attention core": lambda n: "sdpa" in n,
+               "output projection + output": lambda n: n.startswith("y_"),
+               "both (the hybrid rule)": lambda n: n.startswith("y_") or "sdpa" in n}
+    print("| subgraph | " + " | ".join(choices) + " |\n|---|" + "---:|" * len(choices))
+    for index in indices:
+        entry = source["subgraphs"][index]
+        held = list(calibration.held_out(entry))
+        cells = []
+        with tempfile.TemporaryDirectory() as scratch:
+            cwd = os.getcwd()
+            os.chdir(scratch)
+            try:
+                step1 = _step1(onnx / entry["file"], index, quantization, "rk3588")
+                text = step1[2].read_text()
+                names = [n for n in re.findall(r"^    (\S+):$", text, re.MULTILINE)]
+                for label, keep in choices.items():
+                    kept = [n for n in names if keep(n)]
+                    if not kept and label != "none (w8a8)":
+                        cells.append("-")
+                        continue
+                    cfg = Path(scratch) / "choice.quantization.cfg"
+                    listed = "".join(f"\n    {n}: float16" for n in kept)
+                    cfg.write_text(text.replace("custom_quantize_layers: {}", f"custom_quantize_layers:{listed}", 1)
+                                   if kept else text)
+                    with toolkit_output() as log:
+                        rknn = quantized_model((step1[0], step1[1], cfg), log)
+                        rknn.init_runtime(target=None)
+                        cosines = [agreement(np.asarray(rknn.inference(inputs=inputs, data_format=["nchw"] * len(
+                            inputs))[0]).reshape(want.shape), want)[0] for _, inputs, want in held]
+                        rknn.release()
+                    cells.append(f"{min(cosines):.5f} / {np.mean(cosines):.5f}")
+            finally:
+                os.chdir(cwd)
+        report.setdefault("layers", {})[entry["file"]] = cells
+        print(f"| {Path(entry['file']).stem} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, required=True, help="sets, calibration and results are kept here")
-    parser.add_argument("--sections", nargs="+", default=["algorithms", "sigmas", "images"])
+    parser.add_argument("--sections", nargs="+", default=["algorithms", "layers", "sigmas", "images"])
     parser.add_argument("--images", type=int, default=8, help="evaluation prompts")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     parser.add_argument("--sides", type=int, nargs="+", default=[512, 1024], help="fullwidth: image sizes")
     parser.add_argument("--budget", default="8GB", help="fullwidth: the board's memory for the plan")
+    parser.add_argument("--layers", type=int, nargs="+", default=[3, 4, 5, 9, 10, 11],
+                        help="layers: the subgraphs to try")
     args = parser.parse_args()
     torch.set_num_threads(1)
     files = resolve(None)
@@ -290,7 +340,8 @@ def main() -> None:
         {"algorithms": lambda: algorithms(work, onnx, calibration, report),
          "sigmas": lambda: sigmas(work, onnx, calibration, report),
          "images": lambda: images(work, onnx, calibration, files, pipeline, report, args.images),
-         "fullwidth": lambda: full_width(work, report, args.sides, args.budget)}[section]()
+         "fullwidth": lambda: full_width(work, report, args.sides, args.budget),
+         "layers": lambda: layers(work, onnx, calibration, report, args.layers)}[section]()
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=str))
 
