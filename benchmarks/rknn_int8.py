@@ -268,7 +268,7 @@ def full_width(work: Path, report: dict, sides: list[int], budget: str) -> None:
 def layers(work: Path, onnx: Path, calibration, report: dict, indices: list[int]) -> None:
     """Which layers kept fp16 recover a subgraph: the toolkit's step 1 once, then step 2 with each choice, checked
     on the held-out passes (worst / mean cosine)."""
-    from anima_rknn.export.rknn import _step1, quantized_model
+    from anima_rknn.export.rknn import hybrid_step1, quantized_model
 
     source = read_manifest(onnx)
     quantization = Quantization("w8a8", "normal", ALL_INT8, calibration)
@@ -285,9 +285,9 @@ def layers(work: Path, onnx: Path, calibration, report: dict, indices: list[int]
             cwd = os.getcwd()
             os.chdir(scratch)
             try:
-                step1 = _step1(onnx / entry["file"], index, quantization, "rk3588")
+                step1 = hybrid_step1(onnx / entry["file"], index, quantization, "rk3588")
                 text = step1[2].read_text()
-                names = [n for n in re.findall(r"^    (\S+):$", text, re.MULTILINE)]
+                names = re.findall(r"^    (\S+):$", text, re.MULTILINE)
                 for label, keep in choices.items():
                     kept = [n for n in names if keep(n)]
                     if not kept and label != "none (w8a8)":

@@ -282,7 +282,7 @@ def convert_one(onnx_path: Path, rknn_path: Path, target: str, overwrite: bool =
     }
 
 
-def _step1(onnx_path: Path, index: int, quantization: Quantization, target: str) -> tuple[Path, Path, Path]:
+def hybrid_step1(onnx_path: Path, index: int, quantization: Quantization, target: str) -> tuple[Path, Path, Path]:
     """The toolkit's hybrid-quantization step 1 in the working folder: the int8 model's .model, .data and
     .quantization.cfg (its calibrated ranges), from the calibration set's dataset of subgraph `index`."""
     rknn_class, _ = toolkit()
@@ -320,7 +320,7 @@ def convert_one_quantized(entry: dict[str, Any], onnx_path: Path, rknn_path: Pat
     started = time.perf_counter()
     held = list(quantization.calibration.held_out(entry))
     with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):
-        step1 = _step1(onnx_path, entry["index"], quantization, target)
+        step1 = hybrid_step1(onnx_path, entry["index"], quantization, target)
         cosines: dict[str, float] = {}
         for precision, sources in (("w8a8", step1), ("hybrid", _hybrid(step1))):
             if sources is None:
