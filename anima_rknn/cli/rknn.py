@@ -13,7 +13,14 @@ import torch
 
 from ..core.files import json_text
 from ..engine.backends.rknn import RUNTIMES
-from ..engine.calibrate import DEFAULT_CFG, DEFAULT_STEPS, CalibrationRun, capture_calibration
+from ..engine.calibrate import (
+    DEFAULT_CAPTURED_STEPS,
+    DEFAULT_CFG,
+    DEFAULT_STEPS,
+    CalibrationRun,
+    capture_calibration,
+    captured_steps,
+)
 from ..engine.memory_plan import parse_size, plan_memory, plan_vae, predict_memory
 from ..engine.verify import DEFAULT_MIN_COSINE, accuracy_table, converted_size, flagged, verify_dit_set
 from ..engine.verify_vae import DEFAULT_MIN_PSNR, verify_vae_encoder, verify_vae_set
@@ -72,14 +79,17 @@ CALIBRATION_PROMPTS = (
 @click.option("--calibration-seed", type=int, default=0, show_default=True,
               help="w8a8, capturing: the first run's seed (each next prompt takes the next).")
 @click.option("--calibration-steps", type=int, default=DEFAULT_STEPS, show_default=True,
-              help="w8a8, capturing: steps of each run (five spread over them are captured, both CFG branches).")
+              help="w8a8, capturing: steps of each run (both CFG branches of --calibration-captured of them kept).")
 @click.option("--calibration-cfg", type=FINITE, default=DEFAULT_CFG, show_default=True,
               help="w8a8, capturing: the runs' CFG scale.")
+@click.option("--calibration-captured", type=int, default=DEFAULT_CAPTURED_STEPS, show_default=True,
+              help="w8a8, capturing: steps of each run whose passes are kept, spread from first to last.")
 @model_options
 @threads_option
 def convert_rknn(subgraphs: Path, target: str, out: Path, overwrite: bool, quantize: str, quantized_algorithm: str,
                  min_cosine: float, calibration: Path | None, calibration_prompts: tuple[str, ...],
-                 calibration_seed: int, calibration_steps: int, calibration_cfg: float, model: str | None,
+                 calibration_seed: int, calibration_steps: int, calibration_cfg: float, calibration_captured: int,
+                 model: str | None,
                  dit: str | None, text_encoder: str | None, vae: str | None, qwen_tokenizer: str | None,
                  t5_tokenizer: str | None, threads: int) -> None:
     """Compile every ONNX subgraph to fp16 .rknn, or w8a8 where it holds (needs rknn-toolkit2:
@@ -103,7 +113,7 @@ def convert_rknn(subgraphs: Path, target: str, out: Path, overwrite: bool, quant
             files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
                             t5_tokenizer=t5_tokenizer)
             capture(source, subgraphs, files, calibration, list(calibration_prompts or CALIBRATION_PROMPTS),
-                    calibration_seed, calibration_steps, calibration_cfg, overwrite)
+                    calibration_seed, calibration_steps, calibration_cfg, calibration_captured, overwrite)
         quantization = Quantization(quantize, quantized_algorithm, min_cosine, read_calibration(calibration, source))
     manifest = read_manifest(convert_subgraphs(subgraphs, out, target=target, progress=True, overwrite=overwrite,
                                                quantization=quantization).parent, kind=None)
@@ -116,11 +126,12 @@ def convert_rknn(subgraphs: Path, target: str, out: Path, overwrite: bool, quant
 
 
 def capture(source: dict[str, Any], subgraphs: Path, files: ModelFiles, out: Path, prompts: list[str], seed: int,
-            steps: int, cfg: float, overwrite: bool) -> None:
+            steps: int, cfg: float, captured: int, overwrite: bool) -> None:
     """Capture a calibration set for the ONNX set `source` from fp32 torch runs of the model in `files`."""
     check_source(source, files.dit, "DiT", f"subgraphs in {subgraphs} were")
     if len(prompts) < 2:
         raise AnimaError("calibration needs at least two --calibration-prompt: the last one is held out")
+    captured_steps(steps, captured)  # refused now, before the text encoder and the DiT load
     pipeline = AnimaPipeline(files)
     runs = []
     for i, prompt in enumerate(prompts):
@@ -128,7 +139,7 @@ def capture(source: dict[str, Any], subgraphs: Path, files: ModelFiles, out: Pat
         runs.append(CalibrationRun(prompt, seed + i, initial_noise(seed + i, source["width"], source["height"]),
                                    conditioning.positive, conditioning.negative))
     capture_calibration(load_dit(files.dit, torch.float32), source, out, runs, steps=steps, cfg=cfg,
-                        overwrite=overwrite)
+                        captured=captured, overwrite=overwrite)
 
 
 @cli.command("plan")

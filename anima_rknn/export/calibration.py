@@ -7,7 +7,8 @@ Layout of the folder (one per ONNX set: same DiT file, resolution and input shap
                               step, sigma, CFG branch, and whether it is held out of the calibration)
     b00_self_attn/            one folder per subgraph:
         000_x.npy ...         sample 000's inputs, one float32 .npy per input, in the subgraph's input order
-        000_y.npy             and its fp32 output (the reference the quantized subgraph is checked against)
+        004_y.npy             a held-out sample's fp32 output (the reference the quantized subgraph is checked
+                              against; calibrating samples keep their inputs only)
         dataset.txt           the toolkit's dataset file: one line per calibrating sample, its inputs' .npy
                               names space-separated (the toolkit reads them relative to this file)
 
@@ -86,7 +87,8 @@ class CalibrationWriter:
             names = [spec["name"] for spec in entry["inputs"]]
             for name, file in zip(names, sample_files(index, names)):
                 np.save(folder / file, np.ascontiguousarray(inputs[name], dtype=np.float32))
-            np.save(folder / output_file(index), np.ascontiguousarray(output, dtype=np.float32))
+            if sample.held_out:  # the reference of the check; the calibration itself needs inputs only
+                np.save(folder / output_file(index), np.ascontiguousarray(output, dtype=np.float32))
         self.samples.append(sample)
 
     def finish(self) -> Path:
@@ -216,8 +218,9 @@ def read_calibration(folder: str | os.PathLike, source: dict[str, Any]) -> Calib
     for entry in source["subgraphs"]:  # every file there, each header right: no surprise mid-conversion
         sub = folder / subgraph_name(entry["index"])
         names = [spec["name"] for spec in entry["inputs"]]
-        for i in range(len(samples)):
-            for file, spec in zip([*sample_files(i, names), output_file(i)], [*entry["inputs"], *entry["outputs"]]):
+        for i, sample in enumerate(samples):
+            files = [*sample_files(i, names), *([output_file(i)] if sample.held_out else [])]
+            for file, spec in zip(files, [*entry["inputs"], *entry["outputs"]]):
                 read_npy(set_file(sub, file, at), spec["shape"], data=False)
         set_file(sub, DATASET_FILE, at)
     return Calibration(folder, samples, sha256_file(path))

@@ -73,3 +73,12 @@ def test_a_calibration_set_of_another_resolution_is_refused_before_anything_is_w
     assert result.code == 1 and result.err.count("\n") == 1
     assert "was captured at 32x32, this set is 64x64" in result.err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_capture_that_cannot_run_is_refused_before_anything_is_written(run_cli, model_dir, tiny_onnx_set,
+                                                                        tmp_path):
+    result = run_cli("convert-rknn", "--subgraphs", tiny_onnx_set, "--out", tmp_path / "out", "--quantize", "w8a8",
+                     "--calibration", tmp_path / "calibration", "--model", model_dir, "--calibration-steps", "5",
+                     "--calibration-captured", "9")
+    assert result.code == 1 and result.err == "error: captured steps must be 1 to 5, got 9\n"
+    assert not (tmp_path / "out").exists() and not (tmp_path / "calibration").exists()

@@ -71,6 +71,8 @@ def test_calibration_holds_both_branches_and_a_held_out_run_in_the_toolkits_form
     lines = (calibration / "b00_self_attn" / "dataset.txt").read_text().splitlines()
     assert lines == [f"{i:03d}_x.npy {i:03d}_rope_cos.npy {i:03d}_rope_sin.npy" for i in range(4)]
     assert (calibration / "b00_cross_attn" / "dataset.txt").read_text().splitlines()[1] == "001_x.npy 001_context.npy"
+    # a held-out pass keeps its fp32 output, the reference of the check; a calibrating one its inputs only
+    assert (calibration / "b00_mlp" / "004_y.npy").exists() and not (calibration / "b00_mlp" / "003_y.npy").exists()
     # the cond and uncond passes of one step see different contexts, the same rope tables
     cond, uncond = (np.load(calibration / "b00_cross_attn" / f"00{i}_context.npy") for i in (0, 1))
     assert not np.array_equal(cond, uncond)
