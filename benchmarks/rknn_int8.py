@@ -212,9 +212,10 @@ def images(work: Path, onnx: Path, calibration, files, pipeline: AnimaPipeline, 
               f"{int8.get('weight_bytes', 0) / max(half.get('weight_bytes', 1), 1):.2f} |")
 
 
-def full_width(work: Path, report: dict, sides: list[int], budget: str) -> None:
+def full_width(work: Path, report: dict, sides: list[int], budget: str, derive: list[int]) -> None:
     """One full-width block (random weights) per size, converted fp16 and w8a8 whole: the compiler's figures,
-    repeated over 28 blocks (benchmarks/rknn_convert.py's full_model_manifest), planned under `budget`."""
+    repeated over 28 blocks (benchmarks/rknn_convert.py's full_model_manifest), planned under `budget`; each size of
+    `derive` planned from the measured one's figures, activations scaled by the tokens."""
     import dataclasses
     import sys
 
@@ -263,6 +264,16 @@ def full_width(work: Path, report: dict, sides: list[int], budget: str) -> None:
             report.setdefault("full_width", {})[f"{label}-{side}"] = {
                 "records": records, "resident": plan.max_resident, "loads_per_pass": plan.loads_per_pass,
                 "peak_bytes": plan.peak_bytes}
+            for derived in derive:  # another size from this one: weights and files as measured, activations
+                tokens = (derived // 16) ** 2  # scaled by tokens, memory_plan's rule for its spec-scaled figures
+                scaled_records = [{**r, "internal_bytes": round(r["internal_bytes"] * tokens / one["tokens"])}
+                                  for r in records]
+                scaled = {**one, "width": derived, "height": derived, "tokens": tokens,
+                          "rknn": {**one["rknn"], "subgraphs": scaled_records}}
+                plan = plan_memory(full_model_manifest(scaled), parse_size(budget))
+                print(f"| {derived}x{derived} (derived from {side}x{side}) | {label} | {cells[0]} | "
+                      f"{' / '.join(size(r['internal_bytes']) for r in scaled['rknn']['subgraphs'])} | {cells[2]} | - | "
+                      f"{plan.max_resident} | {plan.loads_per_pass} | {size(plan.peak_bytes)} |")
 
 
 def layers(work: Path, onnx: Path, calibration, report: dict, indices: list[int]) -> None:
@@ -318,6 +329,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     parser.add_argument("--sides", type=int, nargs="+", default=[512, 1024], help="fullwidth: image sizes")
     parser.add_argument("--budget", default="8GB", help="fullwidth: the board's memory for the plan")
+    parser.add_argument("--derive", type=int, nargs="*", default=[], help="fullwidth: sizes planned from --sides'")
     parser.add_argument("--layers", type=int, nargs="+", default=[3, 4, 5, 9, 10, 11],
                         help="layers: the subgraphs to try")
     args = parser.parse_args()
@@ -340,7 +352,7 @@ def main() -> None:
         {"algorithms": lambda: algorithms(work, onnx, calibration, report),
          "sigmas": lambda: sigmas(work, onnx, calibration, report),
          "images": lambda: images(work, onnx, calibration, files, pipeline, report, args.images),
-         "fullwidth": lambda: full_width(work, report, args.sides, args.budget),
+         "fullwidth": lambda: full_width(work, report, args.sides, args.budget, args.derive),
          "layers": lambda: layers(work, onnx, calibration, report, args.layers)}[section]()
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=str))
