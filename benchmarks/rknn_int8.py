@@ -250,15 +250,17 @@ def full_width(work: Path, report: dict, sides: list[int], budget: str, derive: 
             capture_calibration(dit, source, calibration_dir, full_runs, steps=4, captured=2, overwrite=True,
                                 progress=False)
         calibration = read_calibration(calibration_dir, source)
-        for label, quantization in (("fp16", None), ("w8a8", Quantization("w8a8", "normal", ALL_INT8, calibration))):
-            out, _ = convert(work, f"full-{label}-{side}", onnx, quantization)
+        for name, label, quantization in (
+                ("fp16", "fp16", None), ("w8a8", "w8a8 whole", Quantization("w8a8", "normal", ALL_INT8, calibration)),
+                ("w8a8-0.999", "w8a8, fallback below 0.999", Quantization("w8a8", "normal", 0.999, calibration))):
+            out, _ = convert(work, f"full-{name}-{side}", onnx, quantization)
             one = read_manifest(out)
             records = one["rknn"]["subgraphs"]
             plan = plan_memory(full_model_manifest(one), parse_size(budget))
             cells = [" / ".join(size(r[key]) for r in records) for key in ("weight_bytes", "internal_bytes",
                                                                             "rknn_bytes")]
-            cosine = " / ".join(f"{r['held_out_cosine']['w8a8']:.5f}" if "held_out_cosine" in r else "-"
-                                for r in records)
+            cosine = " / ".join(f"{r['held_out_cosine'][r['precision']]:.5f} {r['precision']}"
+                                if "held_out_cosine" in r else "-" for r in records)
             print(f"| {side}x{side} | {label} | {' | '.join(cells)} | {cosine} | {plan.max_resident} | "
                   f"{plan.loads_per_pass} | {size(plan.peak_bytes)} |")
             report.setdefault("full_width", {})[f"{label}-{side}"] = {
