@@ -215,7 +215,7 @@ def images(work: Path, onnx: Path, calibration, files, pipeline: AnimaPipeline, 
 def full_width(work: Path, report: dict, sides: list[int], budget: str, derive: list[int]) -> None:
     """One full-width block (random weights) per size, converted fp16 and w8a8 whole: the compiler's figures,
     repeated over 28 blocks (benchmarks/rknn_convert.py's full_model_manifest), planned under `budget`; each size of
-    `derive` planned from the measured one's figures, activations scaled by the tokens."""
+    `derive` planned from the measured one's figures (derived_block)."""
     import dataclasses
     import sys
 
@@ -266,16 +266,27 @@ def full_width(work: Path, report: dict, sides: list[int], budget: str, derive: 
             report.setdefault("full_width", {})[f"{label}-{side}"] = {
                 "records": records, "resident": plan.max_resident, "loads_per_pass": plan.loads_per_pass,
                 "peak_bytes": plan.peak_bytes}
-            for derived in derive:  # another size from this one: weights and files as measured, activations
-                tokens = (derived // 16) ** 2  # scaled by tokens, memory_plan's rule for its spec-scaled figures
-                scaled_records = [{**r, "internal_bytes": round(r["internal_bytes"] * tokens / one["tokens"])}
-                                  for r in records]
-                scaled = {**one, "width": derived, "height": derived, "tokens": tokens,
-                          "rknn": {**one["rknn"], "subgraphs": scaled_records}}
+            for derived in derive:
+                scaled = derived_block(work, dit_path, one, derived)
                 plan = plan_memory(full_model_manifest(scaled), parse_size(budget))
-                print(f"| {derived}x{derived} (derived from {side}x{side}) | {label} | {cells[0]} | "
-                      f"{' / '.join(size(r['internal_bytes']) for r in scaled['rknn']['subgraphs'])} | {cells[2]} | - | "
-                      f"{plan.max_resident} | {plan.loads_per_pass} | {size(plan.peak_bytes)} |")
+                print(f"| {derived}x{derived} (derived) | {label} | {cells[0]} | "
+                      f"{' / '.join(size(r['internal_bytes']) for r in scaled['rknn']['subgraphs'])} | "
+                      f"{cells[2]} | - | {plan.max_resident} | {plan.loads_per_pass} | {size(plan.peak_bytes)} |")
+
+
+def derived_block(work: Path, dit_path: Path, one: dict, side: int) -> dict:
+    """The block `one` (converted at another size) at side x side: its weights and files as measured, each
+    subgraph's activations scaled by how the fp16 block's grew between the two sizes (converted here: fp16 needs
+    no calibration), which for self-attention is more than the tokens."""
+    onnx = work / f"full-onnx-{side}"
+    if not (onnx / "manifest.json").exists():
+        export_subgraphs(dit_path, side, side, onnx, progress=False, overwrite=True)
+    there = read_manifest(convert(work, f"full-fp16-{side}", onnx, None)[0])["rknn"]["subgraphs"]
+    here = read_manifest(work / f"full-fp16-{one['width']}")["rknn"]["subgraphs"]
+    records = [{**r, "internal_bytes": round(r["internal_bytes"] * big["internal_bytes"] / small["internal_bytes"])}
+               for r, big, small in zip(one["rknn"]["subgraphs"], there, here)]
+    return {**one, "width": side, "height": side, "tokens": (side // 16) ** 2,
+            "rknn": {**one["rknn"], "subgraphs": records}}
 
 
 def layers(work: Path, onnx: Path, calibration, report: dict, indices: list[int]) -> None:
@@ -331,7 +342,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     parser.add_argument("--sides", type=int, nargs="+", default=[512, 1024], help="fullwidth: image sizes")
     parser.add_argument("--budget", default="8GB", help="fullwidth: the board's memory for the plan")
-    parser.add_argument("--derive", type=int, nargs="*", default=[], help="fullwidth: sizes planned from --sides'")
+    parser.add_argument("--derive", type=int, nargs="*", default=[],
+                        help="fullwidth: sizes planned from --sides' quantized figures (see derived_block)")
     parser.add_argument("--layers", type=int, nargs="+", default=[3, 4, 5, 9, 10, 11],
                         help="layers: the subgraphs to try")
     args = parser.parse_args()
