@@ -424,6 +424,9 @@ def convert_subgraphs(
                              "quantization; pass --overwrite to replace it")
         done = done or {}
         clear_set_folder(out_dir, keep=[*onnx_names, *rknn_names, *quant_names, PROGRESS_FILE])
+        # The marker of this conversion's own work before its first file: one killed before finishing a subgraph
+        # (a quantized one takes minutes) is resumed, not refused as a folder of other files.
+        write_json(progress_path, {**identity, "done": done}, overwrite=True)
         # What is here now is this conversion's own interrupted work (or --overwrite's to replace): a file that
         # appears at one of its names later is not, and stays.
         ours = ({path.name for path in out_dir.iterdir()} if not overwrite

@@ -228,3 +228,21 @@ def test_an_interrupted_capture_starts_again_in_its_own_folder(tiny_set, tiny_on
     assert len(calibration.samples) == 4 and not (folder / ".capturing").exists()
     with pytest.raises(AnimaError, match="is not empty"):  # a finished one is never written over unasked
         CalibrationWriter(folder, source)
+
+
+def test_a_conversion_killed_before_its_first_subgraph_resumes(tiny_onnx_set, tmp_path, monkeypatch):
+    from anima_rknn.export import rknn as conversion
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "rknn"
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(conversion, "convert_one", killed)
+        with pytest.raises(KeyboardInterrupt):
+            convert_subgraphs(tiny_onnx_set, out, progress=False)
+    assert (out / "convert-progress.json").exists() and (out / "b00_self_attn.onnx").exists()
+    convert_subgraphs(tiny_onnx_set, out, progress=False)  # resumed without --overwrite
+    assert len(read_manifest(out)["rknn"]["subgraphs"]) == 6
