@@ -3,29 +3,72 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import click
 import torch
 
 from ..core.files import json_text
+from ..engine.accuracy import (
+    DEFAULT_MIN_COSINE,
+    accuracy_table,
+    converted_size,
+    flagged,
+    verify_dit_set,
+)
 from ..engine.backends.rknn import RUNTIMES
+from ..engine.calibrate import (
+    DEFAULT_CAPTURED_STEPS,
+    DEFAULT_CFG,
+    DEFAULT_STEPS,
+    CalibrationRun,
+    capture_calibration,
+    captured_steps,
+)
 from ..engine.memory_plan import parse_size, plan_memory, plan_vae, predict_memory
-from ..engine.accuracy import DEFAULT_MIN_COSINE, accuracy_table, converted_size, flagged, verify_dit_set
 from ..engine.vae_accuracy import DEFAULT_MIN_PSNR, verify_vae_encoder, verify_vae_set
 from ..errors import AnimaError
-from ..export.manifest import VAE_ENCODER_KIND, read_manifest, set_kind, vae_entry
+from ..export.calibration import CALIBRATION_JSON, read_calibration
+from ..export.manifest import (
+    PRECISIONS,
+    VAE_ENCODER_KIND,
+    check_source,
+    read_manifest,
+    set_kind,
+    vae_entry,
+)
 from ..export.onnx import token_count
-from ..export.rknn import convert_subgraphs
+from ..export.rknn import (
+    ALGORITHMS,
+    DEFAULT_ALGORITHM,
+    DEFAULT_MIN_QUANT_COSINE,
+    QUANTIZE_DTYPES,
+    Quantization,
+    check_quantize_options,
+    convert_subgraphs,
+)
 from ..export.vae import check_image_fits
 from ..generation.pipeline import AnimaPipeline, initial_noise
 from ..model.config import MAX_BLOCKS, PRESETS
-from ..model.model_set import resolve
+from ..model.io import load_dit
+from ..model.model_set import ModelFiles, resolve
 from .group import cli
 from .options import FINITE, Respelled, apply_threads, model_options, threads_option
 
 VERIFY_PROMPT = "1girl, long hair, smile, looking at viewer, flowers, blue sky"
+
+
+# Calibration prompts when none are given: varied subjects and lengths; the last one is held out for the check.
+CALIBRATION_PROMPTS = (
+    "1girl, long hair, smile, looking at viewer, flowers, blue sky",
+    "a red circle on a blue background",
+    "landscape, mountain, river, forest, sunset, detailed",
+    "portrait of a man in a black hat, city at night",
+    "a green triangle at the top left on a white background",
+)
 
 
 @cli.command("convert-rknn")
@@ -35,12 +78,81 @@ VERIFY_PROMPT = "1girl, long hair, smile, looking at viewer, flowers, blue sky"
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for the .rknn files, their ONNX sources and manifest (run again to resume).")
 @click.option("--overwrite", is_flag=True, help="Replace what is already in --out.")
-def convert_rknn(subgraphs: Path, target: str, out: Path, overwrite: bool) -> None:
-    """Compile every ONNX subgraph to fp16 .rknn (needs rknn-toolkit2: scripts/setup-rknn-env.sh)."""
-    manifest = read_manifest(convert_subgraphs(subgraphs, out, target=target, progress=True,
-                                               overwrite=overwrite).parent, kind=None)
+@click.option("--quantize", default="fp16", show_default=True,
+              help=f"Precision: {' or '.join(QUANTIZE_DTYPES)} (int8 weights and activations where the held-out "
+                   "check holds, fp16 elsewhere).")
+@click.option("--quantized-algorithm", default=DEFAULT_ALGORITHM, show_default=True,
+              help=f"w8a8: the toolkit's calibration algorithm, one of {', '.join(ALGORITHMS)}.")
+@click.option("--min-cosine", type=FINITE, default=DEFAULT_MIN_QUANT_COSINE, show_default=True,
+              help="w8a8: a subgraph whose worst held-out cosine against fp32 is below this goes hybrid, then fp16.")
+@click.option("--calibration", type=click.Path(file_okay=False, path_type=Path),
+              help="w8a8: calibration folder; captured there from the model's runs when it holds none.")
+@click.option("--calibration-prompt", "calibration_prompts", multiple=True,
+              help="w8a8, capturing: a prompt to run (repeat; the last is held out). Default: five varied ones.")
+@click.option("--calibration-seed", type=int, default=0, show_default=True,
+              help="w8a8, capturing: the first run's seed (each next prompt takes the next).")
+@click.option("--calibration-steps", type=int, default=DEFAULT_STEPS, show_default=True,
+              help="w8a8, capturing: steps of each run (both CFG branches of --calibration-captured of them kept).")
+@click.option("--calibration-cfg", type=FINITE, default=DEFAULT_CFG, show_default=True,
+              help="w8a8, capturing: the runs' CFG scale.")
+@click.option("--calibration-captured", type=int, default=DEFAULT_CAPTURED_STEPS, show_default=True,
+              help="w8a8, capturing: steps of each run whose passes are kept, spread from first to last.")
+@model_options
+@threads_option
+def convert_rknn(subgraphs: Path, target: str, out: Path, overwrite: bool, quantize: str, quantized_algorithm: str,
+                 min_cosine: float, calibration: Path | None, calibration_prompts: tuple[str, ...],
+                 calibration_seed: int, calibration_steps: int, calibration_cfg: float, calibration_captured: int,
+                 model: str | None,
+                 dit: str | None, text_encoder: str | None, vae: str | None, qwen_tokenizer: str | None,
+                 t5_tokenizer: str | None, threads: int) -> None:
+    """Compile every ONNX subgraph to fp16 .rknn, or w8a8 where it holds (needs rknn-toolkit2:
+    scripts/setup-rknn-env.sh).
+
+    With --quantize w8a8 each subgraph is calibrated on the inputs it received in real fp32 torch runs of the
+    model (captured into --calibration, or read from there), then checked in the simulator on a held-out run:
+    below --min-cosine its output projection, output and attention core go back to fp16 (hybrid), and if that is
+    still below, the whole subgraph.
+    """
+    check_quantize_options(quantize, quantized_algorithm, min_cosine)
+    quantization = None
+    if quantize != "fp16":
+        if calibration is None:
+            raise AnimaError("--quantize w8a8 needs --calibration DIR (a calibration set, or where to capture one)")
+        apply_threads(threads)
+        source = read_manifest(subgraphs, kind=None)
+        if set_kind(source) != "dit":
+            raise AnimaError("only a DiT subgraph set can be quantized: convert a VAE set with --quantize fp16")
+        if not (calibration / CALIBRATION_JSON).exists():
+            files = resolve(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
+                            t5_tokenizer=t5_tokenizer)
+            capture(source, subgraphs, files, calibration, list(calibration_prompts or CALIBRATION_PROMPTS),
+                    calibration_seed, calibration_steps, calibration_cfg, calibration_captured, overwrite)
+        quantization = Quantization(quantize, quantized_algorithm, min_cosine, read_calibration(calibration, source))
+    manifest = read_manifest(convert_subgraphs(subgraphs, out, target=target, progress=True, overwrite=overwrite,
+                                               quantization=quantization).parent, kind=None)
     click.echo(f"converted {len(manifest['subgraphs'])} subgraphs for {target} into {out} "
                f"(rknn-toolkit2 {manifest['rknn']['toolkit_version']})")
+    if quantization is not None:
+        counts = Counter(r["precision"] for r in manifest["rknn"]["subgraphs"])
+        click.echo(", ".join(f"{counts[p]} {p}" for p in PRECISIONS if counts[p])
+                   + f" (held-out cosine threshold {min_cosine})")
+
+
+def capture(source: dict[str, Any], subgraphs: Path, files: ModelFiles, out: Path, prompts: list[str], seed: int,
+            steps: int, cfg: float, captured: int, overwrite: bool) -> None:
+    """Capture a calibration set for the ONNX set `source` from fp32 torch runs of the model in `files`."""
+    check_source(source, files.dit, "DiT", f"subgraphs in {subgraphs} were")
+    if len(prompts) < 2:
+        raise AnimaError("calibration needs at least two --calibration-prompt: the last one is held out")
+    captured_steps(steps, captured)  # refused now, before the text encoder and the DiT load
+    pipeline = AnimaPipeline(files)
+    runs = []
+    for i, prompt in enumerate(prompts):
+        conditioning = pipeline.encode(prompt, "")
+        runs.append(CalibrationRun(prompt, seed + i, initial_noise(seed + i, source["width"], source["height"]),
+                                   conditioning.positive, conditioning.negative))
+    capture_calibration(load_dit(files.dit, torch.float32), source, out, runs, steps=steps, cfg=cfg,
+                        captured=captured, overwrite=overwrite)
 
 
 @cli.command("plan")
@@ -67,10 +179,13 @@ def plan(subgraphs: Path | None, preset: str | None, width: int, height: int, bl
         manifest = read_manifest(subgraphs)
         width, height = manifest["width"], manifest["height"]
         memory = plan_memory(manifest, budget_bytes)
+        if "quantization" in manifest.get("rknn", {}):  # the sizes above are the quantized set's own
+            counts = Counter(r["precision"] for r in manifest["rknn"]["subgraphs"])
+            click.echo("quantized set: " + ", ".join(f"{counts[p]} {p}" for p in PRECISIONS if counts[p]))
     else:
         config = PRESETS[preset]
-        memory = predict_memory(config.hidden, blocks or config.blocks, token_count(width, height), config.mlp, budget_bytes,
-                                config.context_dim)
+        memory = predict_memory(config.hidden, blocks or config.blocks, token_count(width, height), config.mlp,
+                                budget_bytes, config.context_dim)
     click.echo(memory.describe())
     if vae_subgraphs is not None:
         vae_set = read_manifest(vae_subgraphs, kind="vae")

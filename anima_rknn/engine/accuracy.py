@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..export.calibration import agreement
 from ..export.manifest import read_manifest
 from ..export.rknn import read_converted_manifest
 from ..model.dit import AnimaDiT
@@ -32,6 +33,8 @@ class SubgraphAccuracy:
     file: str
     cosine: float
     max_rel_error: float  # max |rknn - torch| over max |torch|: relative to the output's scale
+    precision: str = "float16"  # as converted: float16, w8a8 or hybrid (the manifest's, checked against the file)
+    held_out_cosine: float | None = None  # the conversion's worst held-out cosine for that precision, if measured
 
 
 class RecordingBackend:
@@ -62,21 +65,17 @@ def capture_pass(dit: AnimaDiT, latent: torch.Tensor, sigma: float, context: tor
     return recorder
 
 
-def agreement(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
-    """Cosine similarity and max error relative to the reference's largest magnitude, in float64."""
-    g, w = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
-    cosine = float(g @ w / max(np.linalg.norm(g) * np.linalg.norm(w), np.finfo(np.float64).tiny))
-    return cosine, float(np.abs(g - w).max() / max(np.abs(w).max(), np.finfo(np.float64).tiny))
-
-
 def verify_subgraphs(rknn_dir: Path, recorder: RecordingBackend, runtime: str = "auto") -> list[SubgraphAccuracy]:
     """Run every converted subgraph on its recorded inputs, one context at a time, against fp32 torch."""
     backend = RknnBackend(rknn_dir, runtime=runtime, max_resident=1)
-    files = {record["index"]: record["rknn_file"] for record in backend.conversion["subgraphs"]}
+    records = {record["index"]: record for record in backend.conversion["subgraphs"]}
     results = []
     try:
         for index, (inputs, want) in sorted(recorder.records.items()):
-            results.append(SubgraphAccuracy(index, files[index], *agreement(backend.run(index, inputs), want)))
+            record = records[index]
+            precision = record.get("precision", "float16")
+            results.append(SubgraphAccuracy(index, record["rknn_file"], *agreement(backend.run(index, inputs), want),
+                                            precision, record.get("held_out_cosine", {}).get(precision)))
     finally:
         backend.close()
     return results
@@ -105,8 +104,10 @@ def flagged(results: list[SubgraphAccuracy], min_cosine: float) -> list[str]:
 
 def accuracy_table(results: list[SubgraphAccuracy], min_cosine: float) -> str:
     """One row per subgraph, those below `min_cosine` marked BELOW."""
-    lines = [f"{'#':>3}  {'subgraph':<22}{'cosine':>12}{'max rel err':>13}"]
+    lines = [f"{'#':>3}  {'subgraph':<22}{'precision':>10}{'held out':>11}{'cosine':>12}{'max rel err':>13}"]
     for r in results:
         flag = f"  BELOW {min_cosine}" if not r.cosine >= min_cosine else ""
-        lines.append(f"{r.index:>3}  {r.file:<22}{r.cosine:>12.7f}{r.max_rel_error:>13.2e}{flag}")
+        held = "-" if r.held_out_cosine is None else f"{r.held_out_cosine:.7f}"
+        lines.append(f"{r.index:>3}  {r.file:<22}{r.precision:>10}{held:>11}{r.cosine:>12.7f}"
+                     f"{r.max_rel_error:>13.2e}{flag}")
     return "\n".join(lines)

@@ -45,7 +45,12 @@ MAX_SECONDS = 1e7
 MAX_JSON_BYTES = 1 << 20  # a full set's manifest is about 100 KB
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _TOKEN = re.compile(r"[0-9A-Za-z._+-]{1,40}")  # target platform, toolkit version
-_SUBGRAPH_FILE = re.compile(r"(b\d\d_(self_attn|cross_attn|mlp)|vae_(decoder|encoder))\.(onnx|rknn)")
+_SUBGRAPH_FILE = re.compile(
+    r"(b\d\d_(self_attn|cross_attn|mlp)|vae_(decoder|encoder))\.(onnx|rknn|model|data|quantization\.cfg)")
+# A converted subgraph's precision: fp16 whole, int8 whole, or int8 with its attention core in fp16.
+PRECISIONS = ("float16", "w8a8", "hybrid")
+# The toolkit's hybrid-quantization step-1 files a quantized subgraph keeps beside its .rknn, in step 2's order.
+QUANT_SUFFIXES = (".model", ".data", ".quantization.cfg")
 
 
 def subgraph_name(index: int) -> str:
@@ -264,7 +269,39 @@ def check_record(value: Any, at: Field, name: str, index: int | None = None) -> 
     for key in ("internal_bytes", "weight_bytes"):  # the compiler's figures, when its log had them
         if key in record:
             _field(record, at, key, _int, 0, MAX_BYTES)
+    _check_precision(record, at, name)
     return record
+
+
+def _check_precision(record: dict[str, Any], at: Field, name: str) -> None:
+    """A quantized conversion's fields: the precision chosen, the held-out cosines measured, and for an int8
+    subgraph the step-1 files (named after its .rknn) the simulator rebuilds it from."""
+    precision = _field(record, at, "precision", _choice, PRECISIONS) if "precision" in record else "float16"
+    if "held_out_cosine" in record:
+        cosines = _field(record, at, "held_out_cosine", _object)
+        for key, value in cosines.items():
+            _choice(key, at["held_out_cosine"], PRECISIONS)
+            _number(value, at["held_out_cosine"][key], -1.0, 1.0)
+        if precision not in cosines and "precision" in record:
+            at["held_out_cosine"].fail(f"has no figure for the precision chosen, {precision}")
+    if precision == "float16":
+        if "quant_files" in record:
+            at["quant_files"].fail("an fp16 subgraph has no quantization files")
+        return
+    files = _field(record, at, "quant_files", _list, len(QUANT_SUFFIXES))
+    stem = name.removesuffix(".rknn")
+    for i, (value, suffix) in enumerate(zip(files, QUANT_SUFFIXES)):
+        item = _object(value, at["quant_files"][i])
+        _field(item, at["quant_files"][i], "file", _equal, stem + suffix)
+        _field(item, at["quant_files"][i], "sha256", _sha256)
+
+
+def _check_quantization(value: Any, at: Field) -> None:
+    quantization = _object(value, at)
+    _field(quantization, at, "dtype", _choice, ("w8a8",))
+    _field(quantization, at, "algorithm", _choice, ("normal", "mmse", "kl_divergence"))
+    _field(quantization, at, "min_cosine", _number, 0.0, 1.0)
+    _field(quantization, at, "calibration_sha256", _sha256)
 
 
 def _check_conversion(value: Any, at: Field, entries: list[dict[str, Any]]) -> None:
@@ -272,6 +309,8 @@ def _check_conversion(value: Any, at: Field, entries: list[dict[str, Any]]) -> N
     _field(conversion, at, "source_sha256", _sha256)
     _field(conversion, at, "target", _token)
     _field(conversion, at, "toolkit_version", _token)
+    if "quantization" in conversion:
+        _check_quantization(conversion["quantization"], at["quantization"])
     records = _field(conversion, at, "subgraphs", _list, len(entries))
     for index, (record, entry) in enumerate(zip(records, entries)):
         check_record(record, at["subgraphs"][index], rknn_name(entry["file"]), index)
@@ -431,6 +470,8 @@ def read_manifest(subgraph_dir: str | os.PathLike, kind: str | None = "dit") -> 
         set_file(folder, entry["file"], at["subgraphs"][index]["file"])
     for index, record in enumerate(manifest.get("rknn", {}).get("subgraphs", [])):
         set_file(folder, record["rknn_file"], at["rknn"]["subgraphs"][index]["rknn_file"])
+        for i, item in enumerate(record.get("quant_files", [])):
+            set_file(folder, item["file"], at["rknn"]["subgraphs"][index]["quant_files"][i]["file"])
     return manifest
 
 
@@ -443,7 +484,7 @@ def read_progress(path: Path, identity: Mapping[str, str],
     if not os.path.lexists(path):
         return {}
     progress = _object(read_json(path, at), at)
-    if any(not _same(progress.get(key), value) for key, value in identity.items()):
+    if any(not _same(progress.get(key), identity.get(key)) for key in {*identity, "quantization"}):
         return None
     done = _field(progress, at, "done", _object)
     names = set(rknn_names)

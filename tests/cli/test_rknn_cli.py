@@ -292,8 +292,8 @@ def test_convert_refuses_the_conversion_of_another_target_without_overwrite(run_
     out = _progress_folder(tmp_path, tiny_onnx_set, "rk3576", {})
     before = listing(out)
     result = run_cli("convert-rknn", "--subgraphs", tiny_onnx_set, "--out", out)
-    assert result.code == 1 and result.err == (f"error: {out} holds the conversion of another set, target or toolkit "
-                                               "version; pass --overwrite to replace it\n")
+    assert result.code == 1 and result.err == (f"error: {out} holds the conversion of another set, target, toolkit "
+                                               "version or quantization; pass --overwrite to replace it\n")
     assert listing(out) == before
 
 

@@ -41,9 +41,9 @@ def test_the_captured_pass_holds_each_subgraphs_inputs_and_the_output_they_give(
 
 def test_the_subgraphs_below_the_cosine_are_flagged_and_marked_in_the_table():
     results = [SubgraphAccuracy(0, "b00_self_attn.rknn", 0.99999, 1e-3),
-               SubgraphAccuracy(1, "b00_cross_attn.rknn", 0.5, 0.8)]
+               SubgraphAccuracy(1, "b00_cross_attn.rknn", 0.5, 0.8, "w8a8", 0.9991)]
     assert flagged(results, 0.999) == ["b00_cross_attn.rknn"]
     assert accuracy_table(results, 0.999).splitlines() == [
-        "  #  subgraph                    cosine  max rel err",
-        "  0  b00_self_attn.rknn       0.9999900     1.00e-03",
-        "  1  b00_cross_attn.rknn      0.5000000     8.00e-01  BELOW 0.999"]
+        "  #  subgraph               precision   held out      cosine  max rel err",
+        "  0  b00_self_attn.rknn       float16          -   0.9999900     1.00e-03",
+        "  1  b00_cross_attn.rknn         w8a8  0.9991000   0.5000000     8.00e-01  BELOW 0.999"]

@@ -24,7 +24,7 @@ import numpy as np
 
 from ...errors import AnimaError
 from ...export.manifest import check_file, read_manifest
-from ...export.rknn import TOOLKIT_MISSING, build_model, toolkit_call, toolkit_output
+from ...export.rknn import TOOLKIT_MISSING, check_precision, simulator_model, toolkit_call, toolkit_output
 from ..memory_plan import pinned_contexts
 from .base import StageClock
 
@@ -213,18 +213,15 @@ class RknnBackend:
 
     def _load(self, index: int) -> Any:
         rknn_path = self.subgraph_dir / self.rknn_files[index]["rknn_file"]
-        onnx_path = self.subgraph_dir / self.subgraphs[index]["file"]
         if index not in self.verified:  # once per backend: re-hashing GBs on every reload would cost seconds
             check_file(rknn_path, self.rknn_files[index]["rknn_sha256"])
-            if self.runtime == "simulator":
-                if not onnx_path.exists():
-                    raise AnimaError(f"{onnx_path} is missing: the simulator builds each context from the ONNX "
-                                     "file beside its .rknn (run convert-rknn again into this folder to add it)")
-                check_file(onnx_path, self.subgraphs[index]["sha256"])
+            check_precision(rknn_path, self.rknn_files[index])
             self.verified.add(index)
         with toolkit_output() as log:
             if self.runtime == "simulator":
-                context = build_model(onnx_path, self.conversion["target"], log)
+                # built again from the set's sources (checked there): the ONNX file, or an int8 one's step-1 files
+                context = simulator_model(self.subgraph_dir, self.subgraphs[index], self.rknn_files[index],
+                                          self.conversion["target"], log)
                 steps = {"init_runtime": lambda: context.init_runtime(target=None)}
             else:
                 from rknnlite.api import RKNNLite

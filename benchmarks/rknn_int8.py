@@ -1,0 +1,376 @@
+"""Quantized (w8a8) RKNN sets of the trained demo model in rknn-toolkit2's x86 simulator: which algorithm, whether
+one static calibration holds across sigmas, which fallback threshold, and the effect on whole images.
+
+Sections (all by default), each printing Markdown tables for docs/measurements/npu-int8.md:
+
+- algorithms: every subgraph quantized whole (no fallback) with normal, mmse and kl_divergence; its worst and mean
+  cosine against fp32 on the held-out run, per subgraph kind, and the conversion time.
+- sigmas: the static calibration's held-out cosine per captured step (sigma), and per-sigma calibrations (early
+  steps only, late steps only) checked on the held-out passes of their own steps.
+- layers: for a few subgraphs, which layers kept fp16 (the toolkit's hybrid quantization) recover the held-out
+  cosine: the attention core, the output projection and output, both.
+- fullwidth (not by default: slow): the residency table, from one full-width block per size (see full_width).
+- images: prompts and seeds the calibration never saw (the demo reader's prompt set, seed 7, noise seeds 1000 + i),
+  sampled Euler 20 steps CFG 4 with the fp32 torch bodies, the fp16 set and w8a8 sets at several thresholds, all in
+  the simulator with every context resident; PSNR against fp32 torch and against the fp16 set, the demo reader's
+  adherence, and the per-subgraph table of the default set.
+
+Calibration: 8 prompts of the demo's caption grammar (prompt seed 11), the 9th held out, noise seeds 0..8,
+20 steps, 5 captured, both CFG branches. Run in .venv-rknn (about 15 minutes on 2 cores):
+    .venv-rknn/bin/python benchmarks/rknn_int8.py --work /tmp/int8 [--sections algorithms sigmas images]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from anima_rknn.demo.dataset import IMAGE_SIZE
+from anima_rknn.demo.evaluate import adherence, judge, prompt_set
+from anima_rknn.engine.backends.rknn import RknnBackend
+from anima_rknn.engine.backends.torch import TorchBackend
+from anima_rknn.engine.calibrate import CalibrationRun, capture_calibration, euler_cfg
+from anima_rknn.engine.split import SplitEngine
+from anima_rknn.export.calibration import agreement, read_calibration
+from anima_rknn.export.manifest import SUBGRAPH_KINDS, read_manifest
+from anima_rknn.export.onnx import export_subgraphs
+from anima_rknn.export.rknn import Quantization, convert_subgraphs, toolkit, toolkit_output
+from anima_rknn.generation.pipeline import AnimaPipeline, initial_noise
+from anima_rknn.model.io import load_dit
+from anima_rknn.model.model_set import resolve
+from anima_rknn.sampling.schedule import flow_sigmas
+
+STEPS, CFG = 20, 4.0
+ALL_INT8 = 1e-9  # a threshold every subgraph meets: quantized whole, no fallback
+THRESHOLDS = (0.999, 0.995)
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """PSNR in dB of two 8-bit images (inf when identical); .venv-rknn has no scikit-image for bench.metrics'."""
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+def runs(pipeline: AnimaPipeline, captions: list[str], seed: int) -> list[CalibrationRun]:
+    out = []
+    for i, caption in enumerate(captions):
+        c = pipeline.encode(caption, "")
+        out.append(CalibrationRun(caption, seed + i, initial_noise(seed + i, IMAGE_SIZE, IMAGE_SIZE), c.positive,
+                                  c.negative))
+    return out
+
+
+def convert(work: Path, name: str, onnx: Path, quantization: Quantization | None) -> tuple[Path, float]:
+    """The set converted into work/name (kept between runs); its conversion's seconds, from its manifest."""
+    out = work / name
+    if not (out / "manifest.json").exists():
+        convert_subgraphs(onnx, out, progress=False, quantization=quantization)
+    return out, sum(r["convert_s"] for r in read_manifest(out)["rknn"]["subgraphs"])
+
+
+def kind_rows(records: list[dict], precision: str) -> dict[str, tuple[float, float]]:
+    """(worst, mean) held-out cosine per subgraph kind."""
+    rows = {}
+    for kind in SUBGRAPH_KINDS:
+        values = [r["held_out_cosine"][precision] for i, r in enumerate(records) if i % 3 == SUBGRAPH_KINDS.index(kind)]
+        rows[kind] = (min(values), float(np.mean(values)))
+    return rows
+
+
+def algorithms(work: Path, onnx: Path, calibration, report: dict) -> None:
+    print("\n### Algorithms (every subgraph w8a8, held-out worst / mean cosine against fp32)\n")
+    print("| algorithm | self_attn | cross_attn | mlp | convert s |\n|---|---|---|---|---:|")
+    for algorithm in ("normal", "mmse", "kl_divergence"):
+        out, seconds = convert(work, f"w8a8-all-{algorithm}", onnx,
+                               Quantization("w8a8", algorithm, ALL_INT8, calibration))
+        records = read_manifest(out)["rknn"]["subgraphs"]
+        rows = kind_rows(records, "w8a8")
+        report.setdefault("algorithms", {})[algorithm] = {"kinds": rows, "convert_s": seconds}
+        cells = " | ".join(f"{w:.5f} / {m:.5f}" for w, m in rows.values())
+        print(f"| {algorithm} | {cells} | {seconds:.0f} |")
+
+
+def _build(onnx_path: Path, dataset: Path) -> object:
+    rknn_class, _ = toolkit()
+    rknn = rknn_class(verbose=False)
+    rknn.config(target_platform="rk3588", quantized_dtype="w8a8", quantized_algorithm="normal",
+                quantized_method="channel")
+    rknn.load_onnx(model=str(onnx_path))
+    rknn.build(do_quantization=True, dataset=str(dataset))
+    rknn.init_runtime(target=None)
+    return rknn
+
+
+def sigmas(work: Path, onnx: Path, calibration, report: dict) -> None:
+    """Static vs per-sigma calibration: mean held-out cosine per captured step, per subgraph kind."""
+    source = read_manifest(onnx)
+    samples = calibration.samples
+    steps = sorted({s.step for s in samples})
+    early, late = steps[: len(steps) // 2], steps[len(steps) // 2:]
+    groups = {"static (all steps)": steps, f"early only {early}": early, f"late only {late}": late}
+    table: dict[str, dict[str, dict[int, float]]] = {}
+    for entry in source["subgraphs"]:
+        folder = calibration.dataset(entry["index"]).parent
+        names = [spec["name"] for spec in entry["inputs"]]
+        held = list(calibration.held_out(entry))
+        for label, kept in groups.items():
+            lines = [" ".join(f"{i:03d}_{n}.npy" for n in names) for i, s in enumerate(samples)
+                     if not s.held_out and s.step in kept]
+            dataset = folder / f"bench-{abs(hash(label))}.txt"
+            dataset.write_text("\n".join(lines) + "\n")
+            with toolkit_output(), tempfile.TemporaryDirectory() as scratch:
+                cwd = os.getcwd()
+                os.chdir(scratch)
+                try:
+                    rknn = _build(onnx / entry["file"], dataset)
+                    for sample, inputs, want in held:
+                        if sample.step in kept:
+                            got = rknn.inference(inputs=inputs, data_format=["nchw"] * len(inputs))[0]
+                            cosine = agreement(np.asarray(got).reshape(want.shape), want)[0]
+                            table.setdefault(label, {}).setdefault(entry["kind"], {}).setdefault(
+                                sample.step, []).append(cosine)
+                    rknn.release()
+                finally:
+                    os.chdir(cwd)
+            dataset.unlink()
+    sigma_of = {s.step: s.sigma for s in samples}
+    print("\n### Calibration across sigmas (held-out run, mean cosine against fp32 over blocks and branches)\n")
+    print("| calibrated on | kind | " + " | ".join(f"step {k} (sigma {sigma_of[k]:.2f})" for k in steps) + " |")
+    print("|---|---|" + "---:|" * len(steps))
+    for label, kinds in table.items():
+        for kind, per_step in kinds.items():
+            cells = " | ".join(f"{np.mean(per_step[k]):.5f}" if k in per_step else "" for k in steps)
+            print(f"| {label} | {kind} | {cells} |")
+    report["sigmas"] = {label: {kind: {str(k): float(np.mean(v)) for k, v in per.items()}
+                                for kind, per in kinds.items()} for label, kinds in table.items()}
+
+
+def sample_images(pipeline: AnimaPipeline, dit, backend, eval_runs: list[CalibrationRun]) -> list[np.ndarray]:
+    engine = SplitEngine(dit, backend)
+    images = []
+    try:
+        for run in eval_runs:
+            latent = euler_cfg(engine, run, flow_sigmas(STEPS), CFG)
+            images.append(np.asarray(pipeline.decode(latent)[0]))
+    finally:
+        engine.close()
+    return images
+
+
+def images(work: Path, onnx: Path, calibration, files, pipeline: AnimaPipeline, report: dict, count: int) -> None:
+    calibration_prompts = {s.prompt for s in calibration.samples}
+    specs = [s for s in prompt_set(24, seed=7) if s.caption not in calibration_prompts][:count]
+    eval_runs = runs(pipeline, [s.caption for s in specs], 1000)
+    dit = load_dit(files.dit, torch.float32)
+    sets = {"fp32 torch": None, "fp16 set": convert(work, "fp16", onnx, None)[0]}
+    for threshold in (ALL_INT8, *THRESHOLDS):
+        label = "w8a8 whole" if threshold == ALL_INT8 else f"w8a8, fallback below {threshold}"
+        sets[label] = convert(work, "w8a8-all-normal" if threshold == ALL_INT8 else f"w8a8-{threshold:g}", onnx,
+                              Quantization("w8a8", "normal", threshold, calibration))[0]
+    pictures, rows = {}, {}
+    for label, folder in sets.items():
+        backend = TorchBackend(dit, torch.float32) if folder is None else RknnBackend(folder, runtime="simulator")
+        started = time.perf_counter()
+        pictures[label] = sample_images(pipeline, dit, backend, eval_runs)
+        judged = adherence(judge(specs, pictures[label]))
+        counts = {} if folder is None else {
+            p: sum(r.get("precision", "float16") == p for r in read_manifest(folder)["rknn"]["subgraphs"])
+            for p in ("w8a8", "hybrid", "float16")}
+        rows[label] = {"counts": counts, "adherence": judged, "seconds": time.perf_counter() - started,
+                       "psnr_fp32": [psnr(a, b) for a, b in zip(pictures["fp32 torch"], pictures[label])],
+                       "psnr_fp16": [psnr(a, b) for a, b in zip(pictures.get("fp16 set", pictures[label]),
+                                                                 pictures[label])]}
+    print(f"\n### Images ({len(specs)} prompts and seeds the calibration never saw, {STEPS} steps, CFG {CFG})\n")
+    print("| set | w8a8 / hybrid / fp16 subgraphs | PSNR vs fp32 torch mean / worst | PSNR vs fp16 set mean / worst "
+          "| adherence (all attributes) |\n|---|---|---:|---:|---:|")
+    for label, row in rows.items():
+        counts = " / ".join(str(row["counts"][p]) for p in ("w8a8", "hybrid", "float16")) if row["counts"] else "-"
+        cells = []
+        for key in ("psnr_fp32", "psnr_fp16"):
+            finite = [v for v in row[key] if np.isfinite(v)]
+            cells.append(f"{np.mean(finite):.2f} / {min(finite):.2f}" if finite else "identical")
+        print(f"| {label} | {counts} | {cells[0]} | {cells[1]} | {row['adherence'].get('all', 0):.3f} |")
+    report["images"] = {k: {**v, "psnr_fp32": [float(x) for x in v["psnr_fp32"]],
+                            "psnr_fp16": [float(x) for x in v["psnr_fp16"]]} for k, v in rows.items()}
+    default = read_manifest(sets["w8a8, fallback below 0.999"])["rknn"]["subgraphs"]
+    whole = read_manifest(sets["w8a8 whole"])["rknn"]["subgraphs"]
+    print("\n### Per subgraph (held-out worst cosine against fp32; the default threshold 0.999)\n")
+    print("| subgraph | w8a8 | hybrid | fp16 | kept | weights w8a8 / fp16 |\n|---|---:|---:|---:|---|---:|")
+    fp16 = read_manifest(sets["fp16 set"])["rknn"]["subgraphs"]
+    for record, int8, half in zip(default, whole, fp16):
+        cos = record["held_out_cosine"]
+        cells = " | ".join(f"{cos[p]:.5f}" if p in cos else "-" for p in ("w8a8", "hybrid", "float16"))
+        print(f"| {record['rknn_file']} | {cells} | {record['precision']} | "
+              f"{int8.get('weight_bytes', 0) / max(half.get('weight_bytes', 1), 1):.2f} |")
+
+
+def full_width(work: Path, report: dict, sides: list[int], budget: str, derive: list[int]) -> None:
+    """One full-width block (random weights) per size, converted fp16 and w8a8 whole: the compiler's figures,
+    repeated over 28 blocks (benchmarks/rknn_convert.py's full_model_manifest), planned under `budget`; each size of
+    `derive` planned from the measured one's figures (derived_block)."""
+    import dataclasses
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from rknn_convert import full_model_manifest  # noqa: PLC0415 -- a sibling benchmark's helper
+
+    from anima_rknn.engine.memory_plan import parse_size, plan_memory, size
+    from anima_rknn.model.config import PRESETS
+    from anima_rknn.model.io import random_dit, save_dit
+
+    full = PRESETS["full"]
+    dit_path = work / "full-one-block.safetensors"
+    if not dit_path.exists():
+        save_dit(random_dit(dataclasses.replace(full, blocks=1), seed=0), dit_path)
+    dit = load_dit(dit_path, torch.float32)
+    print(f"\n### Full width, one random block repeated over {full.blocks} (compiler figures), budget {budget}\n")
+    print("| size | precision | weights self / cross / mlp | activations self / cross / mlp | .rknn self / cross / mlp "
+          "| held-out worst cosine | resident of 84 | loads per pass | predicted peak |")
+    print("|---|---|---|---|---|---|---:|---:|---:|")
+    for side in sides:
+        onnx = work / f"full-onnx-{side}"
+        if not (onnx / "manifest.json").exists():
+            export_subgraphs(dit_path, side, side, onnx, progress=False, overwrite=True)
+        source = read_manifest(onnx)
+        calibration_dir = work / f"full-calibration-{side}"
+        if not (calibration_dir / "calibration.json").exists():
+            generator = torch.Generator().manual_seed(side)
+            shape = (1, full.context_tokens, full.context_dim)
+            contexts = [torch.randn(shape, generator=generator) for _ in range(4)]
+            full_runs = [CalibrationRun(f"random context {i}", i, initial_noise(i, side, side), contexts[2 * i],
+                                        contexts[2 * i + 1]) for i in range(2)]
+            capture_calibration(dit, source, calibration_dir, full_runs, steps=4, captured=2, overwrite=True,
+                                progress=False)
+        calibration = read_calibration(calibration_dir, source)
+        for name, label, quantization in (
+                ("fp16", "fp16", None), ("w8a8", "w8a8 whole", Quantization("w8a8", "normal", ALL_INT8, calibration)),
+                ("w8a8-0.999", "w8a8, fallback below 0.999", Quantization("w8a8", "normal", 0.999, calibration))):
+            out, _ = convert(work, f"full-{name}-{side}", onnx, quantization)
+            one = read_manifest(out)
+            records = one["rknn"]["subgraphs"]
+            plan = plan_memory(full_model_manifest(one), parse_size(budget))
+            cells = [" / ".join(size(r[key]) for r in records) for key in ("weight_bytes", "internal_bytes",
+                                                                            "rknn_bytes")]
+            cosine = " / ".join(f"{r['held_out_cosine'][r['precision']]:.5f} {r['precision']}"
+                                if "held_out_cosine" in r else "-" for r in records)
+            print(f"| {side}x{side} | {label} | {' | '.join(cells)} | {cosine} | {plan.max_resident} | "
+                  f"{plan.loads_per_pass} | {size(plan.peak_bytes)} |")
+            report.setdefault("full_width", {})[f"{label}-{side}"] = {
+                "records": records, "resident": plan.max_resident, "loads_per_pass": plan.loads_per_pass,
+                "peak_bytes": plan.peak_bytes}
+            for derived in derive:
+                scaled = derived_block(work, dit_path, one, derived)
+                plan = plan_memory(full_model_manifest(scaled), parse_size(budget))
+                print(f"| {derived}x{derived} (derived) | {label} | {cells[0]} | "
+                      f"{' / '.join(size(r['internal_bytes']) for r in scaled['rknn']['subgraphs'])} | "
+                      f"{cells[2]} | - | {plan.max_resident} | {plan.loads_per_pass} | {size(plan.peak_bytes)} |")
+
+
+def derived_block(work: Path, dit_path: Path, one: dict, side: int) -> dict:
+    """The block `one` (converted at another size) at side x side: its weights and files as measured, each
+    subgraph's activations scaled by how the fp16 block's grew between the two sizes (converted here: fp16 needs
+    no calibration), which for self-attention is more than the tokens."""
+    onnx = work / f"full-onnx-{side}"
+    if not (onnx / "manifest.json").exists():
+        export_subgraphs(dit_path, side, side, onnx, progress=False, overwrite=True)
+    there = read_manifest(convert(work, f"full-fp16-{side}", onnx, None)[0])["rknn"]["subgraphs"]
+    here = read_manifest(work / f"full-fp16-{one['width']}")["rknn"]["subgraphs"]
+    records = [{**r, "internal_bytes": round(r["internal_bytes"] * big["internal_bytes"] / small["internal_bytes"])}
+               for r, big, small in zip(one["rknn"]["subgraphs"], there, here)]
+    return {**one, "width": side, "height": side, "tokens": (side // 16) ** 2,
+            "rknn": {**one["rknn"], "subgraphs": records}}
+
+
+def layers(work: Path, onnx: Path, calibration, report: dict, indices: list[int]) -> None:
+    """Which layers kept fp16 recover a subgraph: the toolkit's step 1 once, then step 2 with each choice, checked
+    on the held-out passes (worst / mean cosine)."""
+    from anima_rknn.export.rknn import hybrid_step1, quantized_model
+
+    source = read_manifest(onnx)
+    quantization = Quantization("w8a8", "normal", ALL_INT8, calibration)
+    print("\n### Layers kept fp16 (held-out worst / mean cosine against fp32)\n")
+    choices = {"none (w8a8)": lambda n: False, "attention core": lambda n: "sdpa" in n,
+               "output projection + output": lambda n: n.startswith("y_"),
+               "both (the hybrid rule)": lambda n: n.startswith("y_") or "sdpa" in n}
+    print("| subgraph | " + " | ".join(choices) + " |\n|---|" + "---:|" * len(choices))
+    for index in indices:
+        entry = source["subgraphs"][index]
+        held = list(calibration.held_out(entry))
+        cells = []
+        with tempfile.TemporaryDirectory() as scratch:
+            cwd = os.getcwd()
+            os.chdir(scratch)
+            try:
+                step1 = hybrid_step1(onnx / entry["file"], index, quantization, "rk3588")
+                text = step1[2].read_text()
+                names = re.findall(r"^    (\S+):$", text, re.MULTILINE)
+                for label, keep in choices.items():
+                    kept = [n for n in names if keep(n)]
+                    if not kept and label != "none (w8a8)":
+                        cells.append("-")
+                        continue
+                    cfg = Path(scratch) / "choice.quantization.cfg"
+                    listed = "".join(f"\n    {n}: float16" for n in kept)
+                    cfg.write_text(text.replace("custom_quantize_layers: {}", f"custom_quantize_layers:{listed}", 1)
+                                   if kept else text)
+                    with toolkit_output() as log:
+                        rknn = quantized_model((step1[0], step1[1], cfg), log)
+                        rknn.init_runtime(target=None)
+                        cosines = [agreement(np.asarray(rknn.inference(inputs=inputs, data_format=["nchw"] * len(
+                            inputs))[0]).reshape(want.shape), want)[0] for _, inputs, want in held]
+                        rknn.release()
+                    cells.append(f"{min(cosines):.5f} / {np.mean(cosines):.5f}")
+            finally:
+                os.chdir(cwd)
+        report.setdefault("layers", {})[entry["file"]] = cells
+        print(f"| {Path(entry['file']).stem} | " + " | ".join(cells) + " |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, required=True, help="sets, calibration and results are kept here")
+    parser.add_argument("--sections", nargs="+", default=["algorithms", "layers", "sigmas", "images"])
+    parser.add_argument("--images", type=int, default=8, help="evaluation prompts")
+    parser.add_argument("--json", type=Path, help="also write the numbers here")
+    parser.add_argument("--sides", type=int, nargs="+", default=[512, 1024], help="fullwidth: image sizes")
+    parser.add_argument("--budget", default="8GB", help="fullwidth: the board's memory for the plan")
+    parser.add_argument("--derive", type=int, nargs="*", default=[],
+                        help="fullwidth: sizes planned from --sides' quantized figures (see derived_block)")
+    parser.add_argument("--layers", type=int, nargs="+", default=[3, 4, 5, 9, 10, 11],
+                        help="layers: the subgraphs to try")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    files = resolve(None)
+    pipeline = AnimaPipeline(files, keep_dit=True)
+    work = args.work
+    onnx = work / "onnx"
+    if not (onnx / "manifest.json").exists():
+        export_subgraphs(files.dit, IMAGE_SIZE, IMAGE_SIZE, onnx, progress=False, overwrite=True)
+    source = read_manifest(onnx)
+    calibration_dir = work / "calibration"
+    if not (calibration_dir / "calibration.json").exists():
+        captions = [s.caption for s in prompt_set(9, seed=11)]
+        capture_calibration(load_dit(files.dit, torch.float32), source, calibration_dir,
+                            runs(pipeline, captions, 0), steps=STEPS, cfg=CFG, overwrite=True, progress=False)
+    calibration = read_calibration(calibration_dir, source)
+    report: dict = {}
+    for section in args.sections:
+        {"algorithms": lambda: algorithms(work, onnx, calibration, report),
+         "sigmas": lambda: sigmas(work, onnx, calibration, report),
+         "images": lambda: images(work, onnx, calibration, files, pipeline, report, args.images),
+         "fullwidth": lambda: full_width(work, report, args.sides, args.budget, args.derive),
+         "layers": lambda: layers(work, onnx, calibration, report, args.layers)}[section]()
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
