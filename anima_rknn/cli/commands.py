@@ -8,7 +8,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "batch": ("batch", "Generate every job of JOBS into --out: a .jsonl file (one job's settings per..."),
     "bench": ("bench", 'Cached vs uncached baseline with the same weights, seed and noise: speed,...'),
     "calibrate-cache": ("calibrate_cache", "Fit this model's numbers for `--cache auto` (its budget, check, verify and..."),
-    "convert-rknn": ("rknn", 'Compile every ONNX subgraph to fp16 .rknn (needs rknn-toolkit2:...'),
+    "convert-rknn": ("rknn", 'Compile every ONNX subgraph to fp16 .rknn, or w8a8 where it holds (needs...'),
     "doctor": ("doctor", "One line per check of what the board needs: the NPU, librknnrt against the..."),
     "eval-demo": ("eval_demo", 'Score how well the demo model follows its prompts (background, shape colour,...'),
     "export-onnx": ("export_onnx", "Export the DiT's attention and MLP bodies (3 per block) as ONNX subgraphs for..."),
