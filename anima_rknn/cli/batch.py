@@ -11,6 +11,7 @@ from ..batch.local import Deliver, LocalRunner
 from ..batch.ray_runner import open_ray_runner
 from ..batch.results import RESULTS, Outcome, Results, locked_results
 from ..batch.worker import Worker
+from ..core.threads import AUTO_THREADS, machine_threads
 from ..errors import AnimaError
 from ..generation.params import RANDOM_SEED, GenerationParams, parse_seeds
 from ..generation.pipeline import AnimaPipeline
@@ -55,6 +56,8 @@ def batch(jobs_file, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer
     --seeds seed."""
     files = resolve_model(model, dit=dit, text_encoder=text_encoder, vae=vae, qwen_tokenizer=qwen_tokenizer,
                     t5_tokenizer=t5_tokenizer)
+    if options.get("threads") == AUTO_THREADS:  # a job's id hashes its threads: the machine's, not the load's now,
+        options["threads"] = machine_threads()  # so that a batch run again later finds its jobs
     defaults = batch_defaults(files, options)
     pipeline = AnimaPipeline(files)
     jobs = read_jobs(jobs_file, defaults, parse_seeds(seeds) if seeds else None, lora_dir,

@@ -101,9 +101,19 @@ def idle_cores(cores: int, load: float | None = None) -> int:
     return max(1, min(cores, round(cores - load)))
 
 
-def _auto() -> int:
+def _omp_threads() -> int | None:
     omp = os.environ.get("OMP_NUM_THREADS", "").strip()
-    return int(omp) if omp.isdigit() and int(omp) >= 1 else idle_cores(_cores())
+    return int(omp) if omp.isdigit() and int(omp) >= 1 else None
+
+
+def _auto() -> int:
+    return _omp_threads() or idle_cores(_cores())
+
+
+def machine_threads() -> int:
+    """Auto without the load: OMP_NUM_THREADS where it is set, else auto_threads(). For counts that name work
+    (a batch job's id), which must not change with the load of the moment."""
+    return _omp_threads() or _cores()
 
 
 def resolve_threads(threads: int | None) -> int | None:

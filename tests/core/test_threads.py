@@ -10,6 +10,7 @@ from anima_rknn.core import threads
 from anima_rknn.core.threads import (
     auto_threads,
     idle_cores,
+    machine_threads,
     parse_cpu_list,
     resolve_threads,
     session_options,
@@ -101,6 +102,16 @@ def test_auto_follows_the_load_when_a_run_starts(monkeypatch):
     for load, expected in ((0.0, 4), (8.0, 1)):
         monkeypatch.setattr(threads.os, "getloadavg", lambda load=load: (load, load, load))
         assert resolve_threads(0) == expected
+
+
+def test_the_machines_count_for_a_batch_job_id_ignores_the_load(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "_cores", lambda: 4)
+    for load in (0.0, 8.0):
+        monkeypatch.setattr(threads.os, "getloadavg", lambda load=load: (load, load, load))
+        assert machine_threads() == 4
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert machine_threads() == 3
 
 
 def test_openmp_waits_passively_unless_the_program_said_otherwise():
