@@ -19,7 +19,14 @@ from ..generation.resume import Interrupted
 from ..model.model_set import ModelFiles
 from ..sampling.sample import StepEvent
 from .group import cli
-from .options import lora_dir_option, model_options, params_from_cli, ray_options, resolve_model, setting_options
+from .options import (
+    lora_dir_option,
+    model_options,
+    params_from_cli,
+    ray_options,
+    resolve_model,
+    setting_options,
+)
 from .signals import stop_on_signals
 
 
