@@ -260,6 +260,8 @@ class AutoCache:
         return None if score is None else score >= self.fit.flag_score
 
     def report(self) -> CacheReport:
+        if self._sigmas is None:  # a restored state before set_sigmas: its calls so far, nothing to estimate yet
+            return CacheReport(self.computed_steps, self.skipped_steps)
         return CacheReport(self.computed_steps, self.skipped_steps, self.error_estimate, self.may_differ)
 
     @property
