@@ -51,7 +51,9 @@ def test_a_refused_init_image_costs_little_memory(model_dir, out_dir, pictures):
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     lines = done.stderr.strip().splitlines()
     assert "side over 16384 px" in lines[-2], done.stderr
-    assert int(lines[-1]) < 700, f"peak RSS {lines[-1]} MiB"  # torch and the model set's imports: about 400 MiB
+    # Before the header check: 1,780 MiB. The imports alone: about 400 MiB run by itself, up to 718 seen within the
+    # whole suite; the bound sits between the two, so it fails only on a decode, not on the suite's neighbours.
+    assert int(lines[-1]) < 1000, f"peak RSS {lines[-1]} MiB"
 
 
 def test_a_resume_path_too_long_for_the_file_system_is_one_line(run_cli, model_dir, out_dir):
