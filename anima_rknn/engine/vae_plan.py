@@ -56,7 +56,8 @@ def plan_decode(vae: Path, config: WanVAEConfig, settings: VaeSettings, width: i
         check_runtime(vae_set["rknn"], settings.rknn.runtime)
     if vae_set is not None and vae_set["tile"] != settings.vae_tile:
         raise AnimaError(f"the VAE set in {settings.vae_subgraphs} decodes {vae_set['tile']}-px tiles, asked for "
-                         f"{settings.vae_tile}: pass --vae-tile-size {vae_set['tile']} or export another set")
+                         f"{settings.vae_tile}: set the tile to {vae_set['tile']} (--vae-tile-size; a request's "
+                         "vae_tile) or export another set")
     tile = plan_tiling(config, width, height, "on" if vae_set is not None else settings.vae_tiling,
                        settings.vae_tile, available_bytes())
     return DecodePlan(tile, settings.vae_overlap, settings.vae_backend, settings.vae_subgraphs)
