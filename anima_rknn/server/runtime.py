@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from ..generation.images import IMAGE_FORMATS, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
-from ..generation.params import REQUEST_FIELDS, GenerationParams, build, default, option
+from ..generation.params import (
+    REQUEST_FIELDS,
+    GenerationParams,
+    build,
+    default,
+    option,
+    size_warning,
+)
 from ..model.lora import LoraRef, named_lora
 from .guard import Guard
 from .jobs import Job, JobQueue
@@ -21,7 +28,6 @@ from .models import Models, ServedModel
 from .requests import MAX_IMAGE_BODY_BYTES, BadRequest, _number, request_values
 
 MAX_IMAGES = 8  # batch_size * n_iter, n
-FAR_FROM_TRAINED = 2  # a side over this many times (or under 1/this of) the size a model was trained at is warned of
 log = logging.getLogger(__name__)
 
 
@@ -76,8 +82,7 @@ class Server:
         """A warning for a picture far from the size `model` records it was trained at (every client's default is
         512x512; the demo model's is 64): such a run draws a flat or broken field."""
         trained = model.trained_size
-        sides = (params.width, params.height, *(params.hires_size() if params.hires else ()))
-        if trained is None or all(trained / FAR_FROM_TRAINED <= side <= trained * FAR_FROM_TRAINED for side in sides):
+        if size_warning(params, trained) is None:  # the one rule (generation.params), in the server's words
             return None
         return (f"{params.width}x{params.height} is far from the {trained}x{trained} px {model.name} was trained at: "
                 f"expect a flat or broken picture; ask for about {trained}x{trained}")
