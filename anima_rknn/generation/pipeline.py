@@ -244,14 +244,18 @@ class AnimaPipeline:
         if probing:
             cache.attach_probe(FirstBlockProbe(engine, conditioning.positive))
 
-        def denoise(x: np.ndarray, sigma: float) -> np.ndarray:
+        def denoise(x: np.ndarray, sigma: float) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
             latent = torch.from_numpy(x)
             with torch.no_grad():
-                v = engine.velocity(latent, sigma, conditioning.positive, keep_first_block=probing)
+                v = v_uncond = engine.velocity(latent, sigma, conditioning.positive, keep_first_block=probing)
                 if passes_per_call(cfg) == 2:  # CFG 1 is the conditional model alone: skip the wasted pass
                     v_uncond = engine.velocity(latent, sigma, conditioning.negative)
                     v = v_uncond + cfg * (v - v_uncond)
-            return (latent - sigma * v).numpy()
+            x0 = (latent - sigma * v).numpy()
+            if not sampler.guided:
+                return x0
+            # CFG++ renoises with the unconditional x0 (at CFG 1, without that pass, the conditional one)
+            return x0, x0 if v_uncond is v else (latent - sigma * v_uncond).numpy()
 
         began = time.perf_counter()
         try:

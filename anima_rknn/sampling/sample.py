@@ -29,8 +29,9 @@ from .cache_seam import CachePolicy
 from .inpaint import Inpaint
 from .samplers import History, Sampler, StepContext, call_sigmas
 
-# denoise(x, sigma) -> guided x0: one run of the network (two passes under CFG).
-Denoiser = Callable[[np.ndarray, float], np.ndarray]
+# denoise(x, sigma) -> guided x0: one run of the network (two passes under CFG); for a guided sampler
+# (Sampler.guided) -> (guided x0, unconditional x0) of that run, the same array twice where CFG is off.
+Denoiser = Callable[[np.ndarray, float], np.ndarray | tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -85,40 +86,62 @@ def step_noise(seed: int, shape: tuple[int, ...]) -> Callable[[int, int], np.nda
 
 
 class _CachedModel:
-    """The model as a sampler sees it: per call, the cache's forecast of x0 or the network's."""
+    """The model as a sampler sees it: per call, the cache's forecast of x0 or the network's. A guided sampler's
+    denoiser returns (guided x0, unconditional x0), and the cache sees the two stacked as one x0 (the latent
+    stacked likewise): every policy forecasts the unconditional x0 by its own rule for x0, state and resume
+    included."""
 
-    def __init__(self, denoise: Denoiser, cache: CachePolicy, recomputed: list[int], calls_before: int) -> None:
-        self.denoise, self.cache, self.recomputed = denoise, cache, recomputed
+    def __init__(self, denoise: Denoiser, cache: CachePolicy, recomputed: list[int], calls_before: int,
+                 guided: bool = False) -> None:
+        self.denoise, self.cache, self.recomputed, self.guided = denoise, cache, recomputed, guided
         self.runs = self.forecasts = self.refusals = 0
         self.calls = calls_before
 
-    def __call__(self, x: np.ndarray, sigma: float) -> np.ndarray:
+    def __call__(self, x: np.ndarray, sigma: float) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         self.calls += 1
         call = self.calls
-        if self.cache.should_skip(x):
+        seen = np.stack([x, x]) if self.guided else x
+        if self.cache.should_skip(seen):
             # A forecast that overflowed is refused just below and answered with a model call: no warning.
             with np.errstate(over="ignore", invalid="ignore"):
-                x0 = self.cache.forecast(x)
+                x0 = self.cache.forecast(seen)
             if np.isfinite(x0).all():
                 self.forecasts += 1
-                return x0
+                return self._answer(x0)
             self.cache.withdraw_forecast()
             self.recomputed.append(call)
             self.refusals += 1
         x0 = self.denoise(x, sigma)
+        if self.guided:
+            x0 = _stacked_pair(x0, x)
         self.runs += 1
-        self.cache.record(x, x0)
-        return x0
+        self.cache.record(seen, x0)
+        return self._answer(x0)
+
+    def _answer(self, x0: np.ndarray) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        return (x0[0], x0[1]) if self.guided else x0
+
+
+def _stacked_pair(pair: object, x: np.ndarray) -> np.ndarray:
+    """A guided denoiser's answer as one array [guided, unconditional], refused if it is not such a pair."""
+    if not (isinstance(pair, tuple) and len(pair) == 2 and all(
+            isinstance(a, np.ndarray) and a.shape == x.shape for a in pair)):
+        raise TypeError("a guided sampler's denoiser returns (guided x0, unconditional x0), each shaped like x")
+    return np.stack(pair)
 
 
 class _MaskedModel:
-    """The model inpainting `inpaint`'s mask: outside it, the original on its trajectory in, the original out."""
+    """The model inpainting `inpaint`'s mask: outside it, the original on its trajectory in, the original out (both
+    x0 of a guided sampler's pair)."""
 
     def __init__(self, model: _CachedModel, inpaint: Inpaint) -> None:
         self.model, self.inpaint = model, inpaint
 
-    def __call__(self, x: np.ndarray, sigma: float) -> np.ndarray:
-        return self.inpaint.blend(self.model(self.inpaint.blend(x, sigma), sigma), 0.0)
+    def __call__(self, x: np.ndarray, sigma: float) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        x0 = self.model(self.inpaint.blend(x, sigma), sigma)
+        if isinstance(x0, tuple):
+            return self.inpaint.blend(x0[0], 0.0), self.inpaint.blend(x0[1], 0.0)
+        return self.inpaint.blend(x0, 0.0)
 
 
 def _check_inputs(sigmas: np.ndarray, cache: CachePolicy, calls: int, start: int) -> None:
@@ -140,7 +163,8 @@ def sample(sampler: Sampler, denoise: Denoiser, x: np.ndarray, sigmas: np.ndarra
 
     `x` is the initial noise (scaled by sigmas[0]), or, resuming, the latent after `start` steps with the cache
     restored to its state after that step and `state` the sampler_state of that step's event. The noise is
-    drawn by step_noise(seed); a sampler that draws none needs no seed. The cache is made for
+    drawn by step_noise(seed); a sampler that draws none needs no seed. A guided sampler's `denoise` returns
+    (guided x0, unconditional x0) (Denoiser). The cache is made for
     len(call_sigmas(sampler, sigmas)) calls. `inpaint` holds the part outside its mask on the original's
     trajectory (sampling.inpaint); `x` is then the original noised to sigmas[start]. `interrupt()`, asked after
     every step but the last (once its listener is told), ends the run there with the step's x0 as the latent.
@@ -160,7 +184,7 @@ def sample(sampler: Sampler, denoise: Denoiser, x: np.ndarray, sigmas: np.ndarra
     recomputed = [int(call) for call in state.get("recomputed", [])]
     x = np.asarray(x, dtype=np.float32)
     draw_noise = _no_noise if seed is None else step_noise(seed, x.shape)
-    model = _CachedModel(denoise, cache, recomputed, done_before)
+    model = _CachedModel(denoise, cache, recomputed, done_before, sampler.guided)
     step_model = model if inpaint is None else _MaskedModel(model, inpaint)
     trusted: dict[str, Any] | None = state.get("trusted")  # the snapshot (a resume brings it along)
     snapshotting = keep_snapshot and (start == 0 or trusted is not None)

@@ -10,7 +10,8 @@ renoised latent must again be (1 - sigma) x0 + sigma eps, or every stochastic st
 Each step function takes the model (`model(x, sigma) -> x0`, which a step cache may answer instead of the
 network), the latent, a StepContext (the run's sigmas, the step index, the step's noise, eta, s_noise) and the
 sampler's history (the x0 of earlier steps, which multistep methods read), and returns the next latent, the x0
-the step reported, and the new history. The history is all a sampler carries from step to step, so a run
+the step reported, and the new history. A guided sampler (CFG++) takes a GuidedModel instead, which returns the
+unconditional x0 of the same CFG call beside the guided one. The history is all a sampler carries from step to step, so a run
 stopped after any step resumes bit for bit from (latent, history). No step function knows which cache runs.
 """
 
@@ -27,6 +28,8 @@ from ..errors import AnimaError
 from .schedule import A1111_SCHEDULES, SCHEDULE_LABELS, SCHEDULES, schedule_name
 
 Model = Callable[[np.ndarray, float], np.ndarray]  # model(x, sigma) -> x0 (float32, shaped like x)
+# A guided sampler's (Sampler.guided): model(x, sigma) -> (guided x0, unconditional x0) of one CFG call.
+GuidedModel = Callable[[np.ndarray, float], tuple[np.ndarray, np.ndarray]]
 History = dict[str, list[np.ndarray]]  # float32 arrays only: a resume state stores them as tensors
 
 
@@ -51,7 +54,7 @@ class StepContext:
 
 
 StepResult = tuple[np.ndarray, np.ndarray, History]  # (the next latent, the x0 the step reports, the new history)
-StepFunction = Callable[[Model, np.ndarray, StepContext, History], StepResult]
+StepFunction = Callable[[Model | GuidedModel, np.ndarray, StepContext, History], StepResult]
 
 
 # ---- the flow form's log-SNR --------------------------------------------------------------------------------
@@ -442,7 +445,6 @@ def uni_pc_bh2(model: Model, x: np.ndarray, ctx: StepContext, history: History) 
 # two-step Adams-Bashforth step, and the last step to sigma 0 replaced by the guided x0 extrapolated linearly in
 # sigma. One model call (a guided one: conditional and unconditional) a step.
 CFGPP_HISTORY_WEIGHT, CFGPP_UNCOND_HISTORY_WEIGHT = 0.25, 0.1
-GuidedModel = Callable[[np.ndarray, float], tuple[np.ndarray, np.ndarray]]  # (guided x0, unconditional x0)
 
 
 def _adams_bashforth_2(sigmas: np.ndarray, index: int) -> tuple[float, float]:
@@ -490,6 +492,7 @@ class Sampler:
     takes_s_noise: bool = False  # s_noise: a scale on the noise added back (default 1)
     aliases: tuple[str, ...] = ()  # other A1111 / k-diffusion spellings
     draws_noise: bool = False  # adds fresh noise to the latent on its steps (ancestral, SDE, LCM)
+    guided: bool = False  # its model returns (guided x0, unconditional x0): a GuidedModel (CFG++)
 
     def adds_noise(self, eta: float, s_noise: float) -> bool:
         """Whether a run with these settings adds fresh noise (eta 0 or s_noise 0 turns it off where taken)."""
@@ -537,6 +540,7 @@ SAMPLERS: dict[str, Sampler] = {s.name: s for s in (
     Sampler("lcm", "LCM", lcm, _one_call, aliases=("k_lcm",), draws_noise=True),
     Sampler("uni_pc", "UniPC", uni_pc, _one_call, aliases=("uni_pc_bh1", "UniPC bh1")),
     Sampler("uni_pc_bh2", "UniPC BH2", uni_pc_bh2, _one_call),
+    Sampler("cfgpp_ud10_ab", "CFG++ UD10 AB", cfgpp_ud10_ab, _one_call, guided=True),
 )}
 # Samplers other tools name that have none here, with the reason (A1111's, and stable-diffusion.cpp's).
 REFUSED_SAMPLERS = {
@@ -553,8 +557,6 @@ REFUSED_SAMPLERS = {
     "euler_cfg_pp": "Euler CFG++ is not implemented here: use euler at a low --cfg",
     "euler_a_cfg_pp": "Euler a CFG++ is not implemented here: use euler_ancestral at a low --cfg",
     "euler_ge": "Euler GE is not implemented here: use euler",
-    "cfgpp_ud10_ab": "CFG++ UD10 AB needs the unconditional prediction of every step apart from the guided one, "
-                     "which the sampling loop does not hand samplers yet (docs/samplers-new.md): use euler",
 }
 SAMPLER_NAMES = tuple(SAMPLERS)
 _BY_CASEFOLDED = {text.casefold(): s.name for s in SAMPLERS.values() for text in (s.name, s.label, *s.aliases)}
@@ -608,7 +610,11 @@ def history_layout(sampler: Sampler, sigmas: np.ndarray, steps: int) -> dict[str
     state's must hold. Found by running the steps on a one-number latent with a zero model and zero noise."""
     sigmas = np.asarray(sigmas, dtype=np.float64)
     x, history = np.zeros(1, np.float32), {}
+
+    def zero(latent: np.ndarray, sigma: float) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        return (np.zeros_like(latent),) * 2 if sampler.guided else np.zeros_like(latent)
+
     for index in range(steps):
         ctx = StepContext(sigmas, index, lambda step, draw: np.zeros(1, np.float32), 0.0, 0.0)
-        x, _, history = sampler.step(lambda latent, sigma: np.zeros_like(latent), x, ctx, history)
+        x, _, history = sampler.step(zero, x, ctx, history)
     return {key: len(arrays) for key, arrays in history.items()}

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from PIL import Image
 
+from anima_rknn.demo import dataset
+from anima_rknn.demo.evaluate import adherence, judge
 from anima_rknn.sampling.samplers import SAMPLER_NAMES
 
 FAST = ("-W", "64", "-H", "64", "--steps", "2")
@@ -51,6 +54,21 @@ def test_an_a1111_display_name_picks_the_sampler_and_the_png_names_it(run_cli, m
         fields = image.text["parameters"].split("\n")[-1].split(", ")
     assert {"Sampler: Euler a", "Schedule type: Simple", "Eta: 0.5", "Sigma noise: 0.9"} <= set(fields)
     assert "computed 2/2 steps," in result.err  # one call a step: the wording of every earlier version
+
+
+def test_cfgpp_ud10_ab_at_cfg_2_draws_the_prompt_on_the_demo_model(run_cli, tmp_path, one_thread):
+    """ComfyUI's sampler for base Anima on the shipped demo model at its recommended CFG: one guided model call a
+    step (the two passes of CFG), the PNG names it by its A1111 label, and the demo's reader finds what the prompt
+    asks for in the picture."""
+    spec, out = dataset.ShapeSpec("circle", "red", "blue", "top left"), tmp_path / "c.png"
+    result = run_cli("generate", "-p", spec.caption, "--sampler", "cfgpp_ud10_ab", "--cfg", "2", "--steps", "12",
+                     "-o", out, "--json")
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    assert (report["sampler"], report["model_calls"], report["transformer_passes"]) == ("cfgpp_ud10_ab", 12, 24)
+    with Image.open(out) as image:
+        assert "Sampler: CFG++ UD10 AB" in image.text["parameters"].split("\n")[-1].split(", ")
+        assert adherence(judge([spec], [np.asarray(image.convert("RGB"))]))["all"] == 1.0
 
 
 def test_a_two_call_sampler_reports_model_calls(run_cli, model_dir, tmp_path, one_thread):

@@ -14,7 +14,7 @@ import numpy as np
 from anima_rknn.errors import AnimaError
 from anima_rknn.sampling.caches import make_cache
 from anima_rknn.sampling.sample import Denoiser, sample
-from anima_rknn.sampling.samplers import SAMPLERS
+from anima_rknn.sampling.samplers import SAMPLERS, Sampler
 from anima_rknn.sampling.schedule import flow_sigmas
 
 
@@ -72,14 +72,39 @@ def make_testbed(dim: int = 64, components: int = 8, std: float = 0.35,
     return conditional, unconditional
 
 
-def cfg_denoiser(cond: GaussianMixture, uncond: GaussianMixture, scale: float) -> Denoiser:
-    """The guided x0 a sampler sees: CFG on x0, which equals CFG on v at the same sigma."""
+class CfgDenoiser:
+    """The guided x0 a sampler sees: CFG on x0, which equals CFG on v at the same sigma; `pair` is a guided
+    sampler's model (guided x0, unconditional x0)."""
 
-    def denoise(x: np.ndarray, sigma: float) -> np.ndarray:
-        x0_uncond = uncond.denoise(x, sigma)
-        return (x0_uncond + scale * (cond.denoise(x, sigma) - x0_uncond)).astype(np.float32)
+    def __init__(self, cond: GaussianMixture, uncond: GaussianMixture, scale: float) -> None:
+        self.cond, self.uncond, self.scale = cond, uncond, scale
 
-    return denoise
+    def __call__(self, x: np.ndarray, sigma: float) -> np.ndarray:
+        return self.pair(x, sigma)[0]
+
+    def pair(self, x: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+        x0_uncond = self.uncond.denoise(x, sigma)
+        guided = x0_uncond + self.scale * (self.cond.denoise(x, sigma) - x0_uncond)
+        return guided.astype(np.float32), x0_uncond.astype(np.float32)
+
+
+def cfg_denoiser(cond: GaussianMixture, uncond: GaussianMixture, scale: float) -> CfgDenoiser:
+    return CfgDenoiser(cond, uncond, scale)
+
+
+def model_for(sampler: Sampler, denoise: Denoiser) -> Denoiser:
+    """`denoise` as `sampler` takes it: a guided sampler's returns (guided x0, unconditional x0), a CfgDenoiser's
+    pair, or for any other denoiser the one x0 twice (CFG off, as the pipeline's at CFG 1)."""
+    if not sampler.guided:
+        return denoise
+    if isinstance(denoise, CfgDenoiser):
+        return denoise.pair
+
+    def twice(x: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+        x0 = denoise(x, sigma)
+        return x0, x0
+
+    return twice
 
 
 def initial_noise(dim: int, seeds: Sequence[int]) -> np.ndarray:

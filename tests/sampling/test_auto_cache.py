@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from mixture import cfg_denoiser, initial_noise, make_testbed
+from mixture import cfg_denoiser, initial_noise, make_testbed, model_for
 
 from anima_rknn.errors import AnimaError
 from anima_rknn.model.model_set import DEMO_MODEL
@@ -315,11 +315,11 @@ def turning(denoise):
     return swinging
 
 
-@pytest.mark.parametrize("sampler", ["euler", "dpmpp_2m", "euler_ancestral"])
+@pytest.mark.parametrize("sampler", ["euler", "dpmpp_2m", "euler_ancestral", "cfgpp_ud10_ab"])
 def test_verify_reruns_a_flagged_run_uncached_from_its_last_step_before_a_forecast(denoise, sampler):
     """The re-run starts from the latent and sampler history of step 3 (the warm-up's end) and computes every
     later step, so the image is the uncached one bit for bit; the listeners are told steps 4-20 again."""
-    model, noise, sigmas = turning(denoise), initial_noise(64, [3]), flow_sigmas(20)
+    model, noise, sigmas = model_for(SAMPLERS[sampler], turning(denoise)), initial_noise(64, [3]), flow_sigmas(20)
     plain = sample(SAMPLERS[sampler], model, noise, sigmas, make_cache("auto", 20, {"budget": 8}), seed=5)
     assert plain.may_differ and plain.rerun_from is None
     events = []

@@ -7,7 +7,7 @@ sampling, a mask of zeros returns the original, and under Euler the run equals d
 
 import numpy as np
 import pytest
-from mixture import cfg_denoiser, initial_noise, make_testbed
+from mixture import cfg_denoiser, initial_noise, make_testbed, model_for
 
 from anima_rknn.errors import AnimaError
 from anima_rknn.sampling.caches import CACHE_NAMES, make_cache
@@ -40,7 +40,8 @@ def _run(name, denoise, original, noise, mask, sigmas, cache="none", seed=5):
     inpaint = Inpaint(original, noise, mask)
     x = inpaint.known(float(sigmas[0]))
     calls = len(call_sigmas(sampler, sigmas))
-    return sample(sampler, denoise, x, sigmas, make_cache(cache, calls), seed=seed, inpaint=inpaint)
+    return sample(sampler, model_for(sampler, denoise), x, sigmas, make_cache(cache, calls), seed=seed,
+                  inpaint=inpaint)
 
 
 @pytest.mark.parametrize("name", list(SAMPLERS))

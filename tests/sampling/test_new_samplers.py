@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -29,6 +30,8 @@ from scipy import integrate
 from test_sampler_convergence import SIGMA_END, SMOOTH, START, exact_flow, fitted_order, ode_errors, uniform_sigmas
 
 from anima_rknn.errors import AnimaError
+from anima_rknn.sampling.caches import make_cache
+from anima_rknn.sampling.sample import sample
 from anima_rknn.sampling import samplers
 from anima_rknn.sampling.samplers import FIRST_SIGMA_FOR_SNR, SAMPLERS, StepContext, sampler_name
 from anima_rknn.sampling.schedule import flow_sigmas
@@ -249,6 +252,69 @@ def test_cfgpp_ud10_ab_draws_the_prompts_modes_at_cfg_2():
     assert _share_at_prompt_modes(0.0) <= 0.5
 
 
-def test_cfgpp_ud10_ab_is_refused_as_a_sampler_until_the_loop_hands_it_the_unconditional_x0():
-    with pytest.raises(AnimaError, match="CFG\\+\\+ UD10 AB needs the unconditional prediction"):
-        sampler_name("cfgpp_ud10_ab")
+@pytest.mark.parametrize("text", ["cfgpp_ud10_ab", "CFG++ UD10 AB", "cfg++ ud10 ab"])
+def test_cfgpp_ud10_ab_is_chosen_by_its_name_and_its_a1111_label(text):
+    assert sampler_name(text) == "cfgpp_ud10_ab"
+    assert [s.name for s in SAMPLERS.values() if s.guided] == ["cfgpp_ud10_ab"]
+
+
+def _loop(name: str, cache: str, model, steps: int = 12) -> np.ndarray:
+    sampler = SAMPLERS[name]
+    return sample(sampler, model, NOISE, flow_sigmas(steps, 3.0), make_cache(cache, steps), seed=5).latent
+
+
+def test_the_loop_hands_cfgpp_the_unconditional_x0_of_every_call():
+    """Uncached, the loop's run is the step function's own loop over the pair, bit for bit."""
+    assert np.array_equal(_loop("cfgpp_ud10_ab", "none", guided(2.0)), run_cfgpp(guided(2.0), NOISE,
+                                                                                 flow_sigmas(12, 3.0)))
+
+
+def test_a_cache_forecasts_the_unconditional_x0_by_its_rule_for_x0():
+    """Under spectrum (a forecast whose weights do not depend on the values) the x0 pair a forecast step hands the
+    sampler is the forecast a Spectrum cache makes from either x0's computed history alone."""
+    seen = []
+
+    def step(model, x, ctx, history):
+        def watched(latent, sigma):
+            seen.append(model(latent, sigma))
+            return seen[-1]
+        return samplers.cfgpp_ud10_ab(watched, x, ctx, history)
+
+    sampler = dataclasses.replace(SAMPLERS["cfgpp_ud10_ab"], step=step)
+    result = sample(sampler, guided(2.0), NOISE, flow_sigmas(12, 3.0), make_cache("spectrum", 12))
+    assert result.skipped_steps
+    for half in (0, 1):
+        alone = make_cache("spectrum", 12)
+        for call, pair in enumerate(seen, start=1):
+            if call in result.skipped_steps:
+                assert np.array_equal(alone.forecast(None), pair[half]), (half, call)
+            else:
+                alone.record(None, pair[half])
+
+
+def test_a_guided_sampler_is_refused_a_denoiser_that_returns_one_x0():
+    with pytest.raises(TypeError, match="returns \\(guided x0, unconditional x0\\)"):
+        _loop("cfgpp_ud10_ab", "none", lambda x, sigma: guided(2.0)(x, sigma)[0])
+
+
+@pytest.mark.parametrize("cache", ["none", "spectrum", "auto"])
+def test_every_other_sampler_sees_what_it_saw_before_the_pair(cache):
+    """The pair is a guided sampler's alone: under every other sampler the cache records the denoiser's own x0 (the
+    same objects, nothing stacked or copied), as before CFG++ came."""
+    for sampler in (s for s in SAMPLERS.values() if not s.guided):
+        answered, recorded, steps = [], [], 12
+        policy = make_cache(cache, len(samplers.call_sigmas(sampler, flow_sigmas(steps, 3.0))))
+        record = policy.record
+
+        def watching(x, x0):
+            recorded.append(x0)
+            record(x, x0)
+
+        policy.record = watching
+
+        def denoise(x, sigma):
+            answered.append(guided(2.0)(x, sigma)[0])
+            return answered[-1]
+
+        sample(sampler, denoise, NOISE, flow_sigmas(steps, 3.0), policy, seed=5)
+        assert len(recorded) == len(answered) and all(a is b for a, b in zip(recorded, answered)), sampler.name

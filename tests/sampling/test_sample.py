@@ -2,7 +2,7 @@ import copy
 
 import numpy as np
 import pytest
-from mixture import cfg_denoiser, initial_noise, make_testbed
+from mixture import cfg_denoiser, initial_noise, make_testbed, model_for
 
 from anima_rknn.errors import AnimaError
 from anima_rknn.sampling.caches import CACHE_NAMES, make_cache
@@ -116,7 +116,7 @@ class Stop(Exception):
 def run(name, denoise, noise, sigmas, cache_name="none", **kwargs):
     sampler = SAMPLERS[name]
     cache = make_cache(cache_name, len(call_sigmas(sampler, sigmas)))
-    return sample(sampler, denoise, noise, sigmas, cache, seed=7, **kwargs)
+    return sample(sampler, model_for(sampler, denoise), noise, sigmas, cache, seed=7, **kwargs)
 
 
 def _interrupted_at(name, denoise, noise, sigmas, cache_name, stop_after):
@@ -146,7 +146,7 @@ def test_resuming_after_any_step_is_bit_identical(denoise, name, cache_name):
         sampler = SAMPLERS[name]
         cache = make_cache(cache_name, len(call_sigmas(sampler, sigmas)))
         cache.restore(copy.deepcopy(event.cache_state))
-        resumed = sample(sampler, denoise, event.x.copy(), sigmas, cache, seed=7, start=stop_after,
+        resumed = sample(sampler, model_for(sampler, denoise), event.x.copy(), sigmas, cache, seed=7, start=stop_after,
                          state=copy.deepcopy(event.sampler_state))
         assert np.array_equal(resumed.latent, reference.latent), (name, cache_name, stop_after)
         assert resumed.computed_steps == reference.computed_steps

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from mixture import model_for
 
 from anima_rknn.errors import AnimaError
 from anima_rknn.sampling.caches import make_cache
@@ -41,6 +42,6 @@ def test_a_sampler_says_whether_its_latent_takes_fresh_noise(name, eta, s_noise)
     def denoise(x, sigma):  # a smooth x0 that depends on the latent, as a model's does
         return np.tanh(0.5 * x).astype(np.float32)
 
-    ends = [sample(sampler, denoise, start, sigmas, make_cache("none", len(call_sigmas(sampler, sigmas))),
+    ends = [sample(sampler, model_for(sampler, denoise), start, sigmas, make_cache("none", len(call_sigmas(sampler, sigmas))),
                    seed=seed, eta=eta, s_noise=s_noise).latent for seed in (1, 2)]
     assert sampler.adds_noise(eta, s_noise) == (not np.array_equal(*ends))

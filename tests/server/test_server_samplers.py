@@ -78,6 +78,15 @@ def test_a1111_display_names_and_ours_pick_the_sampler_that_the_answer_and_png_n
     assert queue.recent()[0].params.sampler == sampler
 
 
+def test_cfgpp_ud10_ab_is_run_by_its_a1111_label_and_listed_by_the_native_api(server):
+    url, queue = server
+    info = _txt2img(url, sampler_name="CFG++ UD10 AB", cfg_scale=2)
+    assert info["sampler_name"] == "CFG++ UD10 AB" and "Sampler: CFG++ UD10 AB" in _fields(info["infotexts"][0])
+    assert (queue.recent()[0].params.sampler, queue.recent()[0].params.cfg) == ("cfgpp_ud10_ab", 2.0)
+    sampler = next(s for s in call(f"{url}/api/settings")[1] if s["field"] == "sampler_name")
+    assert sampler["labels"]["cfgpp_ud10_ab"] == "CFG++ UD10 AB" and "cfgpp_ud10_ab" in sampler["choices"]
+
+
 def test_sampler_index_is_read_when_sampler_name_is_not_given(server):
     url, _ = server
     assert _txt2img(url, sampler_index="Heun")["sampler_name"] == "Heun"
