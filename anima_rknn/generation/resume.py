@@ -295,8 +295,10 @@ def _check_cache(params: GenerationParams, denoise_pass: DenoisePass, state: dic
                  latent_size: int, path: Path) -> None:
     """The cache state restores into this run's cache at exactly `step` finished steps (`calls` model calls done),
     every stored x0 the latent's size: checked now, before any model loads, and never more than an AnimaError."""
-    # auto's check keeps the model's first-block tokens ("probe_features"), not latents: the cache checks those
-    if any(array.size != latent_size for key, value in state.items() if isinstance(value, list)
+    # auto's check keeps the model's first-block tokens ("probe_features"), not latents: the cache checks those.
+    # A guided sampler's cache stores its x0 pair (guided, unconditional) as one array of two latents.
+    stored_size = latent_size * (2 if SAMPLERS[params.sampler].guided else 1)
+    if any(array.size != stored_size for key, value in state.items() if isinstance(value, list)
            and key != "probe_features" for array in value if isinstance(array, np.ndarray)):
         raise AnimaError(f"{path}: the resume state's stored x0 are not the latent's size")
     cache = make_cache(denoise_pass.cache, params.model_calls(denoise_pass.sigmas), denoise_pass.cache_options)

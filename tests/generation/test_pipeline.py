@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from anima_rknn.core.tensorfile import load_tensors, save_tensors
-from anima_rknn.generation.params import GenerationParams
-from anima_rknn.generation.pipeline import AnimaPipeline, initial_noise
+from anima_rknn.generation.params import DenoisePass, GenerationParams
+from anima_rknn.generation.pipeline import AnimaPipeline, PassStart, initial_noise
 from anima_rknn.engine.vae_plan import DecodePlan
-from anima_rknn.generation.result import png_parameters
+from anima_rknn.generation.result import Conditioning, png_parameters
+from anima_rknn.sampling.caches import NoCache
 from anima_rknn.sampling.schedule import flow_sigmas
 
 
@@ -118,3 +119,48 @@ def test_a_hires_fix_interrupted_in_its_first_pass_gives_the_first_pass_picture(
     result = AnimaPipeline(tiny_set).generate(params, on_step=seen.append, interrupt=lambda: len(seen) >= after)
     total = sum(p.steps_run for p in params.passes())
     assert result.image.size == size and result.summary(None)["interrupted"] == {"step": after, "total": total}
+
+
+class _Recorder(NoCache):
+    """Runs every call, keeping what the loop hands the cache: the latent and the x0 of each call."""
+
+    def __init__(self, num_steps: int) -> None:
+        super().__init__(num_steps)
+        self.seen: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def record(self, x: np.ndarray, x0: np.ndarray) -> None:
+        self.seen.append((x, x0))
+        super().record(x, x0)
+
+
+@pytest.mark.parametrize("engine", ["torch", "onnx"])
+def test_a_guided_sampler_gets_the_unconditional_x0_of_each_cfg_call(tiny_set, tmp_path, one_thread, engine):
+    """CFG++ UD10 AB at CFG 2 on each engine: every call hands it (guided, unconditional) x0, and at each latent the
+    unconditional x0 is what the negative prompt's conditional model alone gives there (a CFG 1 run of it, one
+    step from that sigma, whose event reports the model's x0), the guided one CFG 2 of the two."""
+    pipeline, extra = AnimaPipeline(tiny_set), {}
+    if engine == "onnx":
+        from anima_rknn.export.onnx import export_subgraphs
+
+        export_subgraphs(tiny_set.dit, 64, 64, tmp_path / "onnx", progress=False)
+        extra = {"backend": "onnx", "subgraphs": tmp_path / "onnx"}
+    params = GenerationParams(prompt="a red circle", negative="blue", width=64, height=64, steps=3, cfg=2.0,
+                              sampler="cfgpp_ud10_ab", seed=3, **extra)
+    pipeline.prepare(params)
+    conditioning, recorder = pipeline.encode(params.prompt, params.negative), _Recorder(3)
+    pipeline.denoise(conditioning, params, policy=recorder)
+    alone = dataclasses.replace(params, cfg=1.0, sampler="euler")
+    pipeline.prepare(alone)
+
+    def model_x0(context: torch.Tensor, x: np.ndarray, sigma: float) -> np.ndarray:
+        events, one_step = [], DenoisePass(64, 64, np.array([sigma, 0.0]), 1, 0, "none", {}, 0)
+        pipeline.denoise(Conditioning(context, context, 0.0), alone, on_step=events.append,
+                         start=PassStart(0, one_step, x))
+        return events[0].x0
+
+    assert len(recorder.seen) == 3
+    for (x, pair), sigma in zip(recorder.seen, params.sigmas()):
+        assert x.shape == pair.shape == (2, 1, 16, 8, 8) and np.array_equal(x[0], x[1])
+        uncond, cond = (model_x0(c, x[0], float(sigma)) for c in (conditioning.negative, conditioning.positive))
+        np.testing.assert_array_equal(pair[1], uncond)
+        np.testing.assert_allclose(pair[0], uncond + 2.0 * (cond - uncond), rtol=0, atol=1e-5)
