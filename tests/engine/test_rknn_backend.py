@@ -5,6 +5,7 @@ The subgraphs are the real exporter's, from the tiny model set, converted by the
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -263,3 +264,17 @@ def test_a_vae_set_without_its_runtime_is_refused_before_the_denoising(tiny_set,
     with pytest.raises(AnimaError) as raised:
         AnimaPipeline(tiny_set).prepare(params)
     assert str(raised.value) == LITE_MISSING
+
+
+def test_cfgpp_ud10_ab_runs_on_the_simulator_near_the_fp32_torch_run(converted, tiny_set):
+    """The guided sampler's x0 pair comes through the rknn engine's two CFG passes as through torch's: 3 steps at
+    CFG 2 end within the fp16 bodies' rounding of the fp32 torch run (as one pass does above)."""
+    params = GenerationParams("a red circle", width=WIDTH, height=HEIGHT, steps=3, cfg=2.0, sampler="cfgpp_ud10_ab",
+                              seed=3, dtype="fp32")
+    pipeline = AnimaPipeline(tiny_set)
+    want = pipeline.generate(params).latent.astype(np.float64)
+    got = pipeline.generate(dataclasses.replace(params, backend="rknn", subgraphs=converted,
+                                                rknn=RknnOptions(runtime="simulator"))).latent.astype(np.float64)
+    rel_error = np.abs(got - want).max() / np.abs(want).max()
+    print(f"cfgpp_ud10_ab, 3 steps: latent max rel error {rel_error:.2e}")
+    assert np.isfinite(got).all() and rel_error < 4e-3
