@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from anima_rknn.batch.results import RESULTS
 from anima_rknn.demo import dataset
 from anima_rknn.demo.evaluate import adherence, judge
 from anima_rknn.sampling.samplers import SAMPLER_NAMES
@@ -69,6 +70,19 @@ def test_cfgpp_ud10_ab_at_cfg_2_draws_the_prompt_on_the_demo_model(run_cli, tmp_
     with Image.open(out) as image:
         assert "Sampler: CFG++ UD10 AB" in image.text["parameters"].split("\n")[-1].split(", ")
         assert adherence(judge([spec], [np.asarray(image.convert("RGB"))]))["all"] == 1.0
+
+
+def test_batch_runs_cfgpp_ud10_ab_by_its_a1111_label_as_generate_does(run_cli, model_dir, tmp_path, one_thread):
+    jobs, size = tmp_path / "jobs.jsonl", ("--width", "64", "--height", "64", "--steps", "3", "--seed", "5")
+    jobs.write_text(json.dumps({"prompt": "a red circle", "sampler": "CFG++ UD10 AB", "cfg": 2.0}) + "\n")
+    result = run_cli("batch", jobs, "--model", model_dir, *size, "--out", tmp_path / "out")
+    assert result.code == 0, result.err
+    record = json.loads((tmp_path / "out" / RESULTS).read_text().splitlines()[0])
+    assert record["sampler"] == "cfgpp_ud10_ab"
+    alone = run_cli("generate", "--model", model_dir, "-p", "a red circle", *size, "--sampler", "cfgpp_ud10_ab",
+                    "--cfg", "2", "-o", tmp_path / "alone.png")
+    assert alone.code == 0, alone.err
+    assert (tmp_path / "out" / record["image"]).read_bytes() == (tmp_path / "alone.png").read_bytes()
 
 
 def test_a_two_call_sampler_reports_model_calls(run_cli, model_dir, tmp_path, one_thread):

@@ -81,9 +81,10 @@ def test_a_lower_strength_stays_nearer_the_init_image(pipeline, init, one_thread
     assert errors[0] < errors[1] < errors[2]
 
 
-def test_inpainting_keeps_the_original_outside_the_mask(pipeline, init, tmp_path, one_thread):
+@pytest.mark.parametrize("sampler", ["euler", "cfgpp_ud10_ab"])  # the second: a guided sampler's x0 pair
+def test_inpainting_keeps_the_original_outside_the_mask(pipeline, init, tmp_path, one_thread, sampler):
     mask = _mask(tmp_path / "mask.png", (64, 64), (32, 0, 64, 64))
-    params = dataclasses.replace(BASE, init_image=init, mask=mask, strength=0.9, mask_blur=4)
+    params = dataclasses.replace(BASE, init_image=init, mask=mask, strength=0.9, mask_blur=4, sampler=sampler)
     result = pipeline.generate(params)
     source = prepare_source(params)
     encoded, _ = pipeline.encode_image(source.image, pipeline.prepare(params))
