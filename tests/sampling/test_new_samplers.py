@@ -30,9 +30,9 @@ from scipy import integrate
 from test_sampler_convergence import SIGMA_END, SMOOTH, START, exact_flow, fitted_order, ode_errors, uniform_sigmas
 
 from anima_rknn.errors import AnimaError
+from anima_rknn.sampling import samplers
 from anima_rknn.sampling.caches import make_cache
 from anima_rknn.sampling.sample import sample
-from anima_rknn.sampling import samplers
 from anima_rknn.sampling.samplers import FIRST_SIGMA_FOR_SNR, SAMPLERS, StepContext, sampler_name
 from anima_rknn.sampling.schedule import flow_sigmas
 
@@ -297,24 +297,29 @@ def test_a_guided_sampler_is_refused_a_denoiser_that_returns_one_x0():
         _loop("cfgpp_ud10_ab", "none", lambda x, sigma: guided(2.0)(x, sigma)[0])
 
 
+def _recorded_and_answered(sampler: samplers.Sampler, cache: str) -> tuple[list, list]:
+    """The x0 a run's cache recorded and those its denoiser answered."""
+    answered, recorded, sigmas = [], [], flow_sigmas(12, 3.0)
+    policy = make_cache(cache, len(samplers.call_sigmas(sampler, sigmas)))
+    record = policy.record
+
+    def watching(x, x0):
+        recorded.append(x0)
+        record(x, x0)
+
+    def denoise(x, sigma):
+        answered.append(guided(2.0)(x, sigma)[0])
+        return answered[-1]
+
+    policy.record = watching
+    sample(sampler, denoise, NOISE, sigmas, policy, seed=5)
+    return recorded, answered
+
+
 @pytest.mark.parametrize("cache", ["none", "spectrum", "auto"])
 def test_every_other_sampler_sees_what_it_saw_before_the_pair(cache):
     """The pair is a guided sampler's alone: under every other sampler the cache records the denoiser's own x0 (the
     same objects, nothing stacked or copied), as before CFG++ came."""
     for sampler in (s for s in SAMPLERS.values() if not s.guided):
-        answered, recorded, steps = [], [], 12
-        policy = make_cache(cache, len(samplers.call_sigmas(sampler, flow_sigmas(steps, 3.0))))
-        record = policy.record
-
-        def watching(x, x0):
-            recorded.append(x0)
-            record(x, x0)
-
-        policy.record = watching
-
-        def denoise(x, sigma):
-            answered.append(guided(2.0)(x, sigma)[0])
-            return answered[-1]
-
-        sample(sampler, denoise, NOISE, flow_sigmas(steps, 3.0), policy, seed=5)
+        recorded, answered = _recorded_and_answered(sampler, cache)
         assert len(recorded) == len(answered) and all(a is b for a, b in zip(recorded, answered)), sampler.name
