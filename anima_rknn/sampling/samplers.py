@@ -554,7 +554,8 @@ REFUSED_SAMPLERS = {
     "ipndm_v": "iPNDM_v is not implemented here: use uni_pc (multistep, one model call a step)",
     "tcd": "TCD is for TCD-distilled models: use lcm for a distilled model, euler otherwise",
     "res_2s": "RES 2S is not implemented here: use res_multistep",
-    "euler_cfg_pp": "Euler CFG++ is not implemented here: use euler at a low --cfg",
+    "euler_cfg_pp": "Euler CFG++ is not implemented here: use cfgpp_ud10_ab (CFG++ Euler with a history blend, at "
+                    "--cfg 2) or euler at a low --cfg",
     "euler_a_cfg_pp": "Euler a CFG++ is not implemented here: use euler_ancestral at a low --cfg",
     "euler_ge": "Euler GE is not implemented here: use euler",
 }

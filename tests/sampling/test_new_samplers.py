@@ -258,6 +258,11 @@ def test_cfgpp_ud10_ab_is_chosen_by_its_name_and_its_a1111_label(text):
     assert [s.name for s in SAMPLERS.values() if s.guided] == ["cfgpp_ud10_ab"]
 
 
+def test_sdcpps_euler_cfg_pp_is_refused_with_the_cfgpp_sampler_we_have():
+    with pytest.raises(AnimaError, match="euler_cfg_pp.*use cfgpp_ud10_ab"):
+        sampler_name("euler_cfg_pp")
+
+
 def _loop(name: str, cache: str, model, steps: int = 12) -> np.ndarray:
     sampler = SAMPLERS[name]
     return sample(sampler, model, NOISE, flow_sigmas(steps, 3.0), make_cache(cache, steps), seed=5).latent
