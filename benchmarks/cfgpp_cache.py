@@ -106,7 +106,8 @@ def main() -> None:
         for steps in args.steps:
             found = {key: [] for key in ("both", "held", "euler")}
             for seed, (cond, uncond) in enumerate(beds):
-                denoise, noise = cfg_denoiser(cond, uncond, CFG), initial_noise(64, range(100 * seed, 100 * seed + rows))
+                denoise = cfg_denoiser(cond, uncond, CFG)
+                noise = initial_noise(64, range(100 * seed, 100 * seed + rows))
                 found["both"].append(errors("cfgpp_ud10_ab", denoise, noise, steps, cache))
                 found["held"].append(errors("cfgpp_ud10_ab", denoise, noise, steps, cache, held=True))
                 found["euler"].append(errors("euler", denoise, noise, steps, cache))

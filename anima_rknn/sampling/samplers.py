@@ -11,8 +11,9 @@ Each step function takes the model (`model(x, sigma) -> x0`, which a step cache 
 network), the latent, a StepContext (the run's sigmas, the step index, the step's noise, eta, s_noise) and the
 sampler's history (the x0 of earlier steps, which multistep methods read), and returns the next latent, the x0
 the step reported, and the new history. A guided sampler (CFG++) takes a GuidedModel instead, which returns the
-unconditional x0 of the same CFG call beside the guided one. The history is all a sampler carries from step to step, so a run
-stopped after any step resumes bit for bit from (latent, history). No step function knows which cache runs.
+unconditional x0 of the same CFG call beside the guided one. The history is all a sampler carries from step to
+step, so a run stopped after any step resumes bit for bit from (latent, history). No step function knows which
+cache runs.
 """
 
 from __future__ import annotations
