@@ -31,6 +31,7 @@ from ..sampling.caches import CACHE_NAMES, make_cache
 from ..sampling.samplers import SAMPLER_NAMES, SAMPLERS, call_sigmas, sampler_and_scheduler, sampler_name
 from ..sampling.schedule import SCHEDULES, flow_sigmas, schedule_name, strength_start
 from ..text.prompt import parse_prompt_weights
+from .prompt_schedule import EditPass, check_edits
 from ..vae.tiling import TILING_MODES
 from .images import INPAINT_AREAS, MASKED_CONTENT, RESIZE_MODES, ImageInput
 
@@ -276,6 +277,7 @@ class GenerationParams:
             raise AnimaError("cache options must be a dict of option names to values")
         flow_sigmas(self.steps, self.shift, self.scheduler)  # a schedule that cannot make these steps, now
         self._validate_image_to_image()
+        check_edits(self.prompt, self.negative, self.edit_passes())  # prompt editing's syntax and steps
         sampler = SAMPLERS[self.sampler]
         for denoise_pass in self.passes():  # bad cache options fail now too, and those the sampler rules out
             if denoise_pass.cache == "auto" and denoise_pass.cache_options.get("check"):
@@ -360,6 +362,13 @@ class GenerationParams:
         """The model calls the sampler makes over `sigmas` (a step cache's steps): the steps, or more for heun
         and the like. Default: over the last pass, the one that makes the picture."""
         return len(call_sigmas(SAMPLERS[self.sampler], self.passes()[-1].sigmas if sigmas is None else sigmas))
+
+    def edit_passes(self) -> list[EditPass]:
+        """The passes as prompt editing counts them: WebUI's units, steps times the model calls a step makes."""
+        passes = self.passes()
+        per_step = len(SAMPLERS[self.sampler].calls(passes[0].sigmas, 0))
+        return [EditPass(p.steps * per_step, self.model_calls(p.sigmas), self.steps * per_step if index else None)
+                for index, p in enumerate(passes)]
 
     @property
     def eta_value(self) -> float:
