@@ -81,7 +81,7 @@ def _explicit_weight(inner: list[_Symbol]) -> tuple[list[_Symbol], float] | None
 
 def _walk(symbols: list[_Symbol], weight: float, out: list[tuple[str, float]], nesting: int = 0) -> None:
     if nesting > MAX_NESTING:
-        raise AnimaError(f"prompt weights nest more than {MAX_NESTING} parentheses deep")
+        raise AnimaError(f"prompt weights nest more than {MAX_NESTING} parentheses or brackets deep")
     text: list[str] = []
     i = 0
     while i < len(symbols):

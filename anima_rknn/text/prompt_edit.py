@@ -82,7 +82,7 @@ class _Parser:
     def _group(self, pos: int, depth: int) -> tuple[tuple[_Node, ...], int] | None:
         """The group opening at `pos` ("[" or "(") and the position after it; None: it does not parse. A
         bracket group is read with "|" as a separator first, then with "|" as text."""
-        if depth > MAX_NESTING:
+        if depth >= MAX_NESTING:
             raise AnimaError(f"prompt editing nests more than {MAX_NESTING} brackets deep")
         for pipes in (True, False):
             key = (pos, pipes)
