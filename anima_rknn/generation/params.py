@@ -94,7 +94,8 @@ def _setting(default: Any, option: Option, factory: Any = None) -> Any:
 @dataclasses.dataclass
 class GenerationParams:
     prompt: str = dataclasses.field(metadata={"option": Option(
-        "Prompt; (word:1.2) weights as in ComfyUI, <lora:NAME:SCALE> tags pick LoRAs from the LoRA folder.",
+        "Prompt; (word:1.2) weights as in ComfyUI, A1111's [word] and prompt editing ([from:to:when], [a|b]), "
+        "<lora:NAME:SCALE> tags pick LoRAs from the LoRA folder.",
         "text", ("--prompt", "-p"), request="prompt")})
     negative: str = _setting(DEFAULT_NEGATIVE, Option("Negative prompt.", "text",
                                                        ("--negative", "-n", "--negative-prompt"),
@@ -364,11 +365,12 @@ class GenerationParams:
         return len(call_sigmas(SAMPLERS[self.sampler], self.passes()[-1].sigmas if sigmas is None else sigmas))
 
     def edit_passes(self) -> list[EditPass]:
-        """The passes as prompt editing counts them: WebUI's units, steps times the model calls a step makes."""
+        """The passes as prompt editing counts them: over the steps each runs (as WebUI's hires pass, which runs
+        all its steps), in WebUI's units: steps times the model calls a step makes."""
         passes = self.passes()
         per_step = len(SAMPLERS[self.sampler].calls(passes[0].sigmas, 0))
-        return [EditPass(p.steps * per_step, self.model_calls(p.sigmas), self.steps * per_step if index else None)
-                for index, p in enumerate(passes)]
+        return [EditPass(p.steps_run * per_step, self.model_calls(p.sigmas),
+                         passes[0].steps_run * per_step if index else None) for index, p in enumerate(passes)]
 
     @property
     def eta_value(self) -> float:

@@ -2,10 +2,11 @@
 prompt and the negative prompt, checked before any model loads; and the pass's step cache, cut into parts where
 the conditioning changes (sampling/cache_segments.py) so that no forecast crosses a change.
 
-A pass is described in WebUI's units (EditPass): its schedule's steps are the pass's steps times the model calls
-a step makes (2 for heun and the like, as WebUI counts its second-order samplers), and its calls are numbered from
-the first the pass runs (an img2img or hires pass that runs the last steps of its schedule counts from there, as
-WebUI's denoiser does).
+A pass is described in WebUI's units (EditPass): its schedule's steps are the steps the pass runs times the model
+calls a step makes (2 for heun and the like, as WebUI counts its second-order samplers), and its calls are numbered
+from the first it runs, as WebUI's denoiser counts them. WebUI's hires pass runs all its steps, so its schedule is
+over them; an img2img pass here too is scheduled over the steps it runs (WebUI's default img2img schedules over all
+the steps but runs fewer, so that a late change never comes).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class EditPass:
-    steps: int  # the schedule's steps, in WebUI's units (steps x calls a step)
+    steps: int  # the schedule's steps: the steps the pass runs x the model calls a step makes
     calls: int  # the model calls the pass makes
     base_steps: int | None = None  # a hires pass: the first pass's steps, in the same units
 
