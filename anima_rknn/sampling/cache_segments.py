@@ -74,6 +74,8 @@ class SegmentedCache:
         require(all(is_int_in(s, 1, before) for r in self.done for s in r.computed_steps + r.skipped_steps)
                 and sum(r.calls for r in self.done) == before, "the cache state does not fit this run's prompt editing")
         self.parts[self.part].restore(state)
+        require(self.parts[self.part].report().calls <= self.bounds[self.part + 1] - self.bounds[self.part],
+                "the cache state does not fit this run's prompt editing")
 
     def report(self) -> CacheReport:
         reports = [*self.done, self._shifted(self.part)]
