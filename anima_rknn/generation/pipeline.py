@@ -432,7 +432,7 @@ class AnimaPipeline:
                 resume.check_settings(params)
                 resume.check_model(fingerprints, (1, self.dit_config.context_tokens, self.dit_config.context_dim))
         # A resume state keeps the first call's contexts only: an edited prompt's texts are encoded again.
-        conditioning = (resume.conditioning if resume is not None and not params_edit(params)
+        conditioning = (resume.conditioning if resume is not None and not _edited(params)
                         else self._encode_once(params))
         if checkpoints is not None:
             checkpoints.stop_before_denoising(params.steps)
@@ -526,7 +526,7 @@ def _call_conditioning(conditioning: Conditioning, params: GenerationParams, ind
     return None if per_pass is None else CallConditioning(*per_pass[index], conditioning.by_text)
 
 
-def params_edit(params: GenerationParams) -> bool:
+def _edited(params: GenerationParams) -> bool:
     """Whether either prompt uses prompt editing."""
     return call_texts(params.prompt, params.negative, params.edit_passes()) is not None
 

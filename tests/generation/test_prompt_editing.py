@@ -14,6 +14,7 @@ import torch
 from anima_rknn.errors import AnimaError
 from anima_rknn.generation.params import DEFAULT_NEGATIVE, GenerationParams
 from anima_rknn.generation.pipeline import AnimaPipeline, initial_noise
+from anima_rknn.generation.prompt_schedule import call_texts
 from anima_rknn.generation.result import png_parameters
 from anima_rknn.generation.resume import Checkpoints, Interrupted, read_state
 from anima_rknn.model.io import load_dit
@@ -157,3 +158,13 @@ def test_the_onnx_backend_takes_each_calls_conditioning(tiny_set, tmp_path, one_
     np.testing.assert_allclose(on_onnx, on_torch, atol=1e-3)
     plain = pipeline.generate(params("a red circle big")).latent
     assert not np.allclose(plain, on_torch, atol=1e-3)
+
+
+def test_two_call_samplers_count_calls_as_webui_does():
+    """heun calls the model twice a step (once on its last): WebUI doubles the steps its schedule spans and counts
+    calls, so a share is the same point of the run and a step number counts calls."""
+    run = params("[a:b:0.5]", sampler="heun")
+    (positive, negative), = call_texts(run.prompt, run.negative, run.edit_passes())
+    assert len(positive) == 11 and positive == ["a"] * 7 + ["b"] * 4 and set(negative) == {DEFAULT_NEGATIVE}
+    (positive, _), = call_texts("[a:b:3]", run.negative, run.edit_passes())
+    assert positive == ["a"] * 4 + ["b"] * 7
