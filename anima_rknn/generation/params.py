@@ -31,9 +31,9 @@ from ..sampling.caches import CACHE_NAMES, make_cache
 from ..sampling.samplers import SAMPLER_NAMES, SAMPLERS, call_sigmas, sampler_and_scheduler, sampler_name
 from ..sampling.schedule import SCHEDULES, flow_sigmas, schedule_name, strength_start
 from ..text.prompt import parse_prompt_weights
-from .prompt_schedule import EditPass, check_edits
 from ..vae.tiling import TILING_MODES
 from .images import INPAINT_AREAS, MASKED_CONTENT, RESIZE_MODES, ImageInput
+from .prompt_schedule import EditPass, check_edits
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}  # the bodies' dtypes, by name
 DEFAULT_NEGATIVE = "worst quality, low quality, score_1, score_2, score_3, blurry, jpeg artifacts, sepia"

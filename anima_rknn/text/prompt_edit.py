@@ -127,7 +127,7 @@ class _Parser:
             if second is None:
                 return None
             nodes, at = [*nodes, ":", *second[0]], second[1]
-        return (tuple([*nodes, ")"]), at + 1) if self.text[at:at + 1] == ")" else None
+        return ((*nodes, ")"), at + 1) if self.text[at:at + 1] == ")" else None
 
     def _bracket(self, pos: int, depth: int, pipes: bool) -> tuple[tuple[_Node, ...], int] | None:
         first = self._prompt(pos + 1, depth, pipes)

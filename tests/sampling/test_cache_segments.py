@@ -55,7 +55,7 @@ def test_every_step_a_change_skips_nothing():
 
 def test_a_state_comes_back_and_a_damaged_one_is_refused(denoisers):
     sigmas, noise, events = flow_sigmas(STEPS), initial_noise(16, [2]), []
-    make = lambda calls: make_cache("spectrum", calls)  # noqa: E731
+    make = lambda calls: make_cache("spectrum", calls)
     whole = sample(SAMPLERS["euler"], denoisers[0], noise, sigmas, SegmentedCache(make, STEPS, [CHANGE]),
                    events.append)
     at = events[13]
