@@ -33,6 +33,7 @@ from ..sampling.schedule import SCHEDULES, flow_sigmas, schedule_name, strength_
 from ..text.prompt import parse_prompt_weights
 from ..vae.tiling import TILING_MODES
 from .images import INPAINT_AREAS, MASKED_CONTENT, RESIZE_MODES, ImageInput
+from .prompt_schedule import EditPass, check_edits
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}  # the bodies' dtypes, by name
 DEFAULT_NEGATIVE = "worst quality, low quality, score_1, score_2, score_3, blurry, jpeg artifacts, sepia"
@@ -93,7 +94,8 @@ def _setting(default: Any, option: Option, factory: Any = None) -> Any:
 @dataclasses.dataclass
 class GenerationParams:
     prompt: str = dataclasses.field(metadata={"option": Option(
-        "Prompt; (word:1.2) weights as in ComfyUI, <lora:NAME:SCALE> tags pick LoRAs from the LoRA folder.",
+        "Prompt; (word:1.2) weights as in ComfyUI, A1111's [word] and prompt editing ([from:to:when], [a|b]), "
+        "<lora:NAME:SCALE> tags pick LoRAs from the LoRA folder.",
         "text", ("--prompt", "-p"), request="prompt")})
     negative: str = _setting(DEFAULT_NEGATIVE, Option("Negative prompt.", "text",
                                                        ("--negative", "-n", "--negative-prompt"),
@@ -276,6 +278,7 @@ class GenerationParams:
             raise AnimaError("cache options must be a dict of option names to values")
         flow_sigmas(self.steps, self.shift, self.scheduler)  # a schedule that cannot make these steps, now
         self._validate_image_to_image()
+        check_edits(self.prompt, self.negative, self.edit_passes())  # prompt editing's syntax and steps
         sampler = SAMPLERS[self.sampler]
         for denoise_pass in self.passes():  # bad cache options fail now too, and those the sampler rules out
             if denoise_pass.cache == "auto" and denoise_pass.cache_options.get("check"):
@@ -360,6 +363,14 @@ class GenerationParams:
         """The model calls the sampler makes over `sigmas` (a step cache's steps): the steps, or more for heun
         and the like. Default: over the last pass, the one that makes the picture."""
         return len(call_sigmas(SAMPLERS[self.sampler], self.passes()[-1].sigmas if sigmas is None else sigmas))
+
+    def edit_passes(self) -> list[EditPass]:
+        """The passes as prompt editing counts them: over the steps each runs (as WebUI's hires pass, which runs
+        all its steps), in WebUI's units: steps times the model calls a step makes."""
+        passes = self.passes()
+        per_step = len(SAMPLERS[self.sampler].calls(passes[0].sigmas, 0))
+        return [EditPass(p.steps_run * per_step, self.model_calls(p.sigmas),
+                         passes[0].steps_run * per_step if index else None) for index, p in enumerate(passes)]
 
     @property
     def eta_value(self) -> float:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..checks import shown
 from ..core.files import cached_sha256
 from ..core.memory import return_freed_memory
 from ..core.tensorfile import fingerprint, read_shapes
@@ -35,7 +36,7 @@ from ..model.model_set import ModelFiles
 from ..sampling.auto_cache import fit_refusal
 from ..sampling.cache_fit import CacheFit, fit_of_model
 from ..sampling.cache_seam import CachePolicy, ChecksForecasts
-from ..sampling.caches import make_cache, restore_cache, verifies
+from ..sampling.caches import restore_cache, verifies
 from ..sampling.inpaint import Inpaint
 from ..sampling.rerun import sample_verified
 from ..sampling.sample import StepCallback, StepEvent
@@ -54,6 +55,7 @@ from .image_to_image import (
 )
 from .images import image_to_tensor
 from .params import DTYPES, MAX_PROMPT_TOKENS, DenoisePass, GenerationParams
+from .prompt_schedule import CallConditioning, call_texts, distinct_texts, pass_cache
 from .result import Conditioning, Denoised, GenerationResult, passes_per_call
 from .resume import Interrupted
 
@@ -176,9 +178,18 @@ class AnimaPipeline:
         `dtype` names the bodies' dtype of a kept DiT, whose adapter is then used; otherwise the adapter is
         loaded alone and freed."""
         start = time.perf_counter()
-        tokens = [self.tokenizer.encode(p) for p in (prompt, negative)]
-        for name, t in zip(("prompt", "negative prompt"), tokens):
+        contexts = self.encode_texts([prompt, negative], dtype, loras, lora_ignore_unmatched,
+                                     ("prompt", "negative prompt"))
+        return Conditioning(contexts[0], contexts[1], time.perf_counter() - start)
+
+    def encode_texts(self, texts: list[str], dtype: str = "fp32", loras: list[LoraRef] = (),
+                     lora_ignore_unmatched: bool = False, names: tuple[str, ...] = ()) -> list[torch.Tensor]:
+        """encode()'s contexts for any number of texts, with one load of the encoder and of the adapter (prompt
+        editing encodes every text its schedule makes). `names` name the texts in a refusal."""
+        tokens = [self.tokenizer.encode(p) for p in texts]
+        for index, t in enumerate(tokens):
             if len(t.qwen_ids) > MAX_PROMPT_TOKENS:
+                name = names[index] if index < len(names) else f"prompt {shown(texts[index], 60)}"
                 raise AnimaError(f"the {name} is {len(t.qwen_ids)} tokens long; "
                                  f"at most {MAX_PROMPT_TOKENS} are accepted")
         encoder = load_text_encoder(self.files.text_encoder)
@@ -197,17 +208,27 @@ class AnimaPipeline:
         if not all(bool(torch.isfinite(c).all()) for c in contexts):
             raise AnimaError("the prompt conditioning is not finite (NaN/Inf): check the prompt weights and the "
                              "text encoder and DiT files; no image was written")
-        return Conditioning(contexts[0], contexts[1], time.perf_counter() - start)
+        return contexts
 
     def _encode_once(self, params: GenerationParams) -> Conditioning:
         """encode(), or with a kept DiT the last run's conditioning when its prompts, dtype and LoRA files are the
-        same (a batch's or a request's seeds of one prompt): the same tensors, reported with encode_s 0."""
-        key = (params.prompt, params.negative, params.dtype, tuple(params.loras), params.lora_ignore_unmatched,
+        same (a batch's or a request's seeds of one prompt): the same tensors, reported with encode_s 0. Prompt
+        editing encodes every text its schedule makes, each once."""
+        per_pass = call_texts(params.prompt, params.negative, params.edit_passes())
+        texts = [params.prompt, params.negative] if per_pass is None else distinct_texts(per_pass)
+        key = (tuple(texts), params.dtype, tuple(params.loras), params.lora_ignore_unmatched,
                tuple(ref.path.stat()[6:9] for ref in params.loras))
         if self._conditioning is not None and self._conditioning[0] == key:
             return dataclasses.replace(self._conditioning[1], encode_s=0.0)
-        conditioning = self.encode(params.prompt, params.negative, params.dtype, params.loras,
-                                   params.lora_ignore_unmatched)
+        if per_pass is None:
+            conditioning = self.encode(params.prompt, params.negative, params.dtype, params.loras,
+                                       params.lora_ignore_unmatched)
+        else:
+            start = time.perf_counter()
+            contexts = dict(zip(texts, self.encode_texts(texts, params.dtype, params.loras,
+                                                         params.lora_ignore_unmatched)))
+            first = per_pass[0][0][0], per_pass[0][1][0]
+            conditioning = Conditioning(contexts[first[0]], contexts[first[1]], time.perf_counter() - start, contexts)
         if self.keep_dit:
             self._conditioning = key, conditioning
         return conditioning
@@ -226,8 +247,9 @@ class AnimaPipeline:
             start = PassStart(0, params.passes()[0], initial_noise(params.seed, params.width, params.height))
         denoise_pass, sampler = start.denoise_pass, SAMPLERS[params.sampler]
         sigmas = denoise_pass.sigmas
-        cache = policy or make_cache(denoise_pass.cache, params.model_calls(sigmas), denoise_pass.cache_options,
-                                     self.cache_fit)
+        edits = _call_conditioning(conditioning, params, start.index)  # None: one conditioning for every call
+        cache = policy or pass_cache(denoise_pass.cache, params.model_calls(sigmas), denoise_pass.cache_options,
+                                     self.cache_fit, edits.starts if edits is not None else None)
         if resume is None:
             first, x, sampler_state = 0, start.latent, None
         else:
@@ -241,15 +263,22 @@ class AnimaPipeline:
         if resume is not None:  # counted over the same span as the steps (the cache's, the whole run's)
             engine.passes = len(cache.report().computed_steps) * passes_per_call(cfg)
             engine.subgraph_runs = engine.passes * 3 * len(dit.blocks)
-        if probing:
-            cache.attach_probe(FirstBlockProbe(engine, conditioning.positive))
+        probe = FirstBlockProbe(engine, conditioning.positive) if probing else None
+        if probe is not None:
+            cache.attach_probe(probe)
+
+        def on_call(call: int) -> None:  # prompt editing: the call's contexts, for the denoiser and the probe
+            edits.at(call)
+            if probe is not None:
+                probe.context = edits.now()[0]
 
         def denoise(x: np.ndarray, sigma: float) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
             latent = torch.from_numpy(x)
+            positive, negative = (conditioning.positive, conditioning.negative) if edits is None else edits.now()
             with torch.no_grad():
-                v = v_uncond = engine.velocity(latent, sigma, conditioning.positive, keep_first_block=probing)
+                v = v_uncond = engine.velocity(latent, sigma, positive, keep_first_block=probing)
                 if passes_per_call(cfg) == 2:  # CFG 1 is the conditional model alone: skip the wasted pass
-                    v_uncond = engine.velocity(latent, sigma, conditioning.negative)
+                    v_uncond = engine.velocity(latent, sigma, negative)
                     v = v_uncond + cfg * (v - v_uncond)
             x0 = (latent - sigma * v).numpy()
             if not sampler.guided:
@@ -261,18 +290,20 @@ class AnimaPipeline:
         try:
             if not self.keep_dit:  # a one-off run: its sigmas and prompts are fixed, free what only they need
                 engine.fix_run(list(dict.fromkeys(call_sigmas(sampler, sigmas, first))),
-                               [conditioning.positive, conditioning.negative][: passes_per_call(cfg)])
+                               [conditioning.positive, conditioning.negative][: passes_per_call(cfg)]
+                               if edits is None else edits.contexts(passes_per_call(cfg)))
                 return_freed_memory()
             sampled = sample_verified(sampler, denoise, x, sigmas, cache, on_step,
                                       verify=verifies(denoise_pass.cache_options), start=first, state=sampler_state,
                                       seed=pass_seed(params.seed, denoise_pass.stream), eta=params.eta_value,
-                                      s_noise=params.s_noise_value, inpaint=start.inpaint, interrupt=interrupt)
+                                      s_noise=params.s_noise_value, inpaint=start.inpaint, interrupt=interrupt,
+                                      on_call=None if edits is None else on_call)
         finally:
             engine.close()
         elapsed = time.perf_counter() - began + (resume.denoise_s if resume is not None else 0.0)
         passes, subgraph_runs, partial_passes = engine.passes, engine.subgraph_runs, engine.partial_passes
         stage_times = engine.stage_record()
-        del dit, engine, denoise  # the step function holds the engine too
+        del dit, engine, denoise, probe  # the step function and the probe hold the engine too
         return_freed_memory()
         return Denoised(sampled, passes, subgraph_runs, elapsed, start.index, partial_passes, stage_times)
 
@@ -404,7 +435,9 @@ class AnimaPipeline:
             if resume is not None:
                 resume.check_settings(params)
                 resume.check_model(fingerprints, (1, self.dit_config.context_tokens, self.dit_config.context_dim))
-        conditioning = resume.conditioning if resume is not None else self._encode_once(params)
+        # A resume state keeps the first call's contexts only: an edited prompt's texts are encoded again.
+        conditioning = (resume.conditioning if resume is not None and not _edited(params)
+                        else self._encode_once(params))
         if checkpoints is not None:
             checkpoints.stop_before_denoising(params.steps)
         rendered = self.render(conditioning, params, plan, on_step, checkpoints=checkpoints,
@@ -489,6 +522,17 @@ class AnimaPipeline:
         noise = noise_draws(params.seed, [(passes[0].width, passes[0].height),
                                           (denoise_pass.width, denoise_pass.height)])[1]
         return PassStart(index, denoise_pass, noised(latent, noise, sigma)), encode_s, decode_s
+
+
+def _call_conditioning(conditioning: Conditioning, params: GenerationParams, index: int) -> CallConditioning | None:
+    """Pass `index`'s contexts per model call under prompt editing (None: a run of one conditioning)."""
+    per_pass = call_texts(params.prompt, params.negative, params.edit_passes()) if conditioning.by_text else None
+    return None if per_pass is None else CallConditioning(*per_pass[index], conditioning.by_text)
+
+
+def _edited(params: GenerationParams) -> bool:
+    """Whether either prompt uses prompt editing."""
+    return call_texts(params.prompt, params.negative, params.edit_passes()) is not None
 
 
 def _pass_progress(on_step: StepCallback | None, passes: list[DenoisePass], index: int) -> StepCallback | None:

@@ -32,6 +32,9 @@ class Conditioning:
     positive: torch.Tensor
     negative: torch.Tensor
     encode_s: float
+    # prompt editing: every text its schedule makes, encoded (positive / negative are the first call's); empty
+    # for a run of one conditioning
+    by_text: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass

@@ -32,10 +32,11 @@ from ..checks import is_int_in, is_integer, is_number, shown
 from ..core.files import json_text
 from ..core.tensorfile import load_tensors, read_metadata, save_tensors
 from ..errors import AnimaError
-from ..sampling.caches import make_cache, restore_cache
+from ..sampling.caches import restore_cache
 from ..sampling.sample import StepCallback, StepEvent
 from ..sampling.samplers import SAMPLERS, call_sigmas, history_layout
 from .params import LATER_SETTINGS, SETTINGS, DenoisePass, GenerationParams, settings_of
+from .prompt_schedule import call_texts, pass_cache, pass_starts
 from .result import Conditioning
 
 STATE_FORMAT = "anima-rknn-resume/1"
@@ -301,7 +302,10 @@ def _check_cache(params: GenerationParams, denoise_pass: DenoisePass, state: dic
     if any(array.size != stored_size for key, value in state.items() if isinstance(value, list)
            and key != "probe_features" for array in value if isinstance(array, np.ndarray)):
         raise AnimaError(f"{path}: the resume state's stored x0 are not the latent's size")
-    cache = make_cache(denoise_pass.cache, params.model_calls(denoise_pass.sigmas), denoise_pass.cache_options)
+    # a pass's noise stream is its index among the run's passes
+    starts = pass_starts(call_texts(params.prompt, params.negative, params.edit_passes()), denoise_pass.stream)
+    cache = pass_cache(denoise_pass.cache, params.model_calls(denoise_pass.sigmas), denoise_pass.cache_options, None,
+                       starts)
     try:
         cache = restore_cache(cache, state)  # or verify's re-run, where the state is one
     except AnimaError as e:

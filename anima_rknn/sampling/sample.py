@@ -92,14 +92,17 @@ class _CachedModel:
     included."""
 
     def __init__(self, denoise: Denoiser, cache: CachePolicy, recomputed: list[int], calls_before: int,
-                 guided: bool = False) -> None:
-        self.denoise, self.cache, self.recomputed, self.guided = denoise, cache, recomputed, guided
+                 guided: bool = False, on_call: Callable[[int], None] | None = None) -> None:
+        self.denoise, self.cache, self.recomputed = denoise, cache, recomputed
+        self.guided, self.on_call = guided, on_call
         self.runs = self.forecasts = self.refusals = 0
         self.calls = calls_before
 
     def __call__(self, x: np.ndarray, sigma: float) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         self.calls += 1
         call = self.calls
+        if self.on_call is not None:
+            self.on_call(call)
         seen = np.stack([x, x]) if self.guided else x
         if self.cache.should_skip(seen):
             # A forecast that overflowed is refused just below and answered with a model call: no warning.
@@ -158,7 +161,8 @@ def _check_inputs(sigmas: np.ndarray, cache: CachePolicy, calls: int, start: int
 def sample(sampler: Sampler, denoise: Denoiser, x: np.ndarray, sigmas: np.ndarray, cache: CachePolicy,
            callback: StepCallback | None = None, *, seed: int | None = None, eta: float = 1.0, s_noise: float = 1.0,
            start: int = 0, state: dict[str, Any] | None = None, inpaint: Inpaint | None = None,
-           interrupt: Callable[[], bool] | None = None, keep_snapshot: bool = False) -> SampleResult:
+           interrupt: Callable[[], bool] | None = None, keep_snapshot: bool = False,
+           on_call: Callable[[int], None] | None = None) -> SampleResult:
     """Run `sampler` from sigmas[start] down to sigmas[-1].
 
     `x` is the initial noise (scaled by sigmas[0]), or, resuming, the latent after `start` steps with the cache
@@ -169,7 +173,9 @@ def sample(sampler: Sampler, denoise: Denoiser, x: np.ndarray, sigmas: np.ndarra
     trajectory (sampling.inpaint); `x` is then the original noised to sigmas[start]. `interrupt()`, asked after
     every step but the last (once its listener is told), ends the run there with the step's x0 as the latent.
     `keep_snapshot`: keep the snapshot (SampleResult.snapshot), also in every event's sampler_state["trusted"] so
-    that a resume brings it along (a resumed run keeps it on only when its state holds one).
+    that a resume brings it along (a resumed run keeps it on only when its state holds one). `on_call(n)` is told
+    the number of each model call (1-based, as the cache counts them) before the cache decides it: prompt editing's
+    conditioning per call listens (generation/prompt_schedule.py).
     """
     sigmas = np.asarray(sigmas, dtype=np.float64)
     planned = call_sigmas(sampler, sigmas) if sigmas.ndim == 1 and len(sigmas) >= 2 else []
@@ -184,7 +190,7 @@ def sample(sampler: Sampler, denoise: Denoiser, x: np.ndarray, sigmas: np.ndarra
     recomputed = [int(call) for call in state.get("recomputed", [])]
     x = np.asarray(x, dtype=np.float32)
     draw_noise = _no_noise if seed is None else step_noise(seed, x.shape)
-    model = _CachedModel(denoise, cache, recomputed, done_before, sampler.guided)
+    model = _CachedModel(denoise, cache, recomputed, done_before, sampler.guided, on_call)
     step_model = model if inpaint is None else _MaskedModel(model, inpaint)
     trusted: dict[str, Any] | None = state.get("trusted")  # the snapshot (a resume brings it along)
     snapshotting = keep_snapshot and (start == 0 or trusted is not None)

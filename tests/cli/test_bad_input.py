@@ -80,7 +80,16 @@ GENERATE_CASES = [
     (("--backend", "onnx"), 1, "the onnx backend needs an exported subgraph folder"),
     (("--backend", "onnx", "--subgraphs", "no-such-set"), 1, "no-such-set"),
     # prompts
-    (("--prompt", "(" * 200 + "cat" + ")" * 200), 1, "nest more than 100 parentheses deep"),
+    (("--prompt", "(" * 200 + "cat" + ")" * 200), 1, "nest more than 100 parentheses or brackets deep"),
+    # prompt editing (docs/prompt-editing.md): FAST runs 2 steps
+    (("--prompt", "a [red:blue:0.5 cat"), 1, "the prompt: the '[' at character 3 is never closed"),
+    (("--prompt", "a red:blue:0.5] cat"), 1, "the prompt: the ']' at character 15 closes no '['"),
+    (("--prompt", "a [red:blue:3] cat"), 1, "the 'when' must be a step from 0 to 2"),
+    (("--prompt", "a [red:blue:1.5] cat"), 1, "the 'when' must be a share of the steps from 0 to 1"),
+    (("--negative", "a [|] cat"), 1, "the negative prompt: an alternation [a|b] needs at least one option"),
+    (("--prompt", "[a:" * 150 + "cat" + ":1]" * 150), 1, "nest more than 100 parentheses or brackets deep"),
+    (("--prompt", "[" + "|".join(f"w{i}" for i in range(40)) + "]", "--steps", "40"), 1,
+     "prompt editing makes more than 32 different prompts"),
     (("--prompt", "cat " * 6000), 1, "characters; at most 20000"),
     (("--negative", "x" * 30000), 1, "negative prompt has 30000 characters"),
     (("--prompt", "cat " * 4500), 1, "tokens long; at most 4096"),

@@ -127,12 +127,29 @@ def test_batch_extras_refuse(url, body, words):
     ({"override_settings": []}, "override_settings must be an object"),
     ({"clip_skip": 2}, "clip_skip CLIP_stop_at_last_layers 2"),
     ({"hr_checkpoint_name": "other", "enable_hr": True}, "hr_checkpoint_name 'other': no such model"),
+    # prompt editing that does not close, a 'when' past the run, an empty alternation (docs/prompt-editing.md)
+    ({"prompt": "a [red:blue:0.5 cat"}, "the prompt: the '[' at character 3 is never closed"),
+    ({"negative_prompt": "[a:b:2]"}, "the negative prompt: prompt editing [..:2]: the 'when' must be a step"),
+    ({"prompt": "[a:b:2.5]", "enable_hr": True, "denoising_strength": 0.5}, "share of the steps from 0 to 2"),
+    ({"prompt": "[|]"}, "the prompt: an alternation [a|b] needs at least one option"),
+    ({"prompt": "[a:" * 120 + "x" + ":1]" * 120}, "nest more than 100"),
 ])
 def test_bad_generation_fields(url, queue, change, words):
     before = len(queue.recent(10_000))
     code, answer = call(f"{url}/sdapi/v1/txt2img", {"prompt": "x", "width": 64, "height": 64, "steps": 1} | change)
     assert code == 400 and words in _one_line(answer), answer
     assert len(queue.recent(10_000)) == before  # nothing queued
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/api/jobs", {"prompt": "a [red:blue:0.5 cat"}),
+    ("/v1/images/generations", {"prompt": "a [red:blue:0.5 cat", "size": "64x64"}),
+])
+def test_bad_prompt_editing_on_the_other_apis(url, queue, path, body):
+    before = len(queue.recent(10_000))
+    code, answer = call(f"{url}{path}", body)
+    assert code == 400 and "the prompt: the '[' at character 3 is never closed" in _one_line(answer), answer
+    assert len(queue.recent(10_000)) == before
 
 
 def test_bad_model_names_elsewhere(url, queue):

@@ -117,7 +117,7 @@ def test_any_prompt_parses_or_raises_anima_error(prompt):
         return
     assert all(chunk and isinstance(weight, float) and weight == weight and abs(weight) != float("inf")
                for chunk, weight in chunks)
-    if not any(c in prompt for c in "()"):  # without groups the prompt is one chunk, untouched
+    if not any(c in prompt for c in "()[]"):  # without groups the prompt is one chunk, untouched
         assert chunks == ([(prompt, 1.0)] if prompt else [])
 
 
