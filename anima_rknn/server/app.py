@@ -44,7 +44,7 @@ from ..checks import shown
 from ..errors import AnimaError
 from . import a1111, native, openai, page
 from .compare import NotReady
-from .jobs import ImageGone, JobBusy, QueueFull, ServerBusy, StoreError
+from .job_queue import JobBusy, QueueFull
 from .requests import (
     BodyTooLarge,
     JobNotFound,
@@ -53,15 +53,17 @@ from .requests import (
     error_answer,
     too_large,
 )
-from .runtime import Server
+from .runtime import JobEnded, Server
+from .store import ImageGone, StoreError
+from .uploads import ServerBusy
 
 log = logging.getLogger(__name__)
 
 
 def _error_status(e: AnimaError) -> int:
     """The HTTP status of a refusal that reaches the app's handler: 4xx for the request, 5xx for the store."""
-    if isinstance(e, StoreError):
-        return e.status  # 507: a full disk, 503: a store made read-only under the server
+    if isinstance(e, (StoreError, JobEnded)):
+        return e.status  # 507: a full disk, 503: a store made read-only under the server; a job's end: 500 / 409
     return {QueueFull: 429, ImageGone: 410, JobBusy: 409, ServerBusy: 503}.get(type(e), 400)
 
 

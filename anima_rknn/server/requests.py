@@ -33,7 +33,9 @@ from ..core.files import human_size
 from ..errors import AnimaError
 from ..generation.images import ImageInput
 from ..generation.params import MAX_SIDE, REQUEST_FIELDS, option
-from .jobs import Job, JobQueue, ServerBusy
+from .job_queue import JobQueue
+from .store import Job
+from .uploads import ServerBusy
 
 MAX_BODY_BYTES = 1 << 20  # a request without images
 # A request with images (base64 in JSON, or a multipart upload): an init image and a mask of up to ~36 MiB

@@ -20,7 +20,8 @@ from test_server import IMG2IMG, PNG, SMALL, b64, call, running
 from anima_rknn.errors import AnimaError
 from anima_rknn.generation.params import build
 from anima_rknn.generation.pipeline import AnimaPipeline
-from anima_rknn.server.jobs import INPUTS, JobQueue
+from anima_rknn.server.job_queue import JobQueue
+from anima_rknn.server.uploads import INPUTS
 from anima_rknn.server.requests import MAX_LARGE_BODIES
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "core"))
@@ -92,8 +93,8 @@ def test_inputs_replaced_by_a_link_while_serving_are_not_emptied_through_it(pipe
     theirs.mkdir()
     (theirs / "keep.img").write_text("mine")
     queue = JobQueue(pipeline, tmp_path / "data")
-    (queue.inputs).rmdir()
-    queue.inputs.symlink_to(theirs)
+    (queue.uploads.folder).rmdir()
+    queue.uploads.folder.symlink_to(theirs)
     queue._remove_unused_inputs()  # what every finished job with an upload runs
     assert (theirs / "keep.img").read_text() == "mine"
     with running(queue) as address:
@@ -156,9 +157,9 @@ def test_a_server_killed_mid_png_leaves_no_partial_png_and_the_job_finishes_afte
     data = tmp_path / "data"
     queue = JobQueue(pipeline, data)
     job = queue.submit(build({"prompt": "a cat", **SMALL, "seed": 3}))
-    queue._db.execute("UPDATE jobs SET state = 'generating' WHERE id = ?", (job.id,))
-    queue._db.commit()
-    queue._db.close()
+    queue.store._db.execute("UPDATE jobs SET state = 'generating' WHERE id = ?", (job.id,))
+    queue.store._db.commit()
+    queue.store._db.close()
     half = data / f".{job.id}.png.k1ll3d00.part"
     half.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 100)  # cut off mid-write
     restarted = JobQueue(pipeline, data)
