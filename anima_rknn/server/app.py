@@ -7,9 +7,11 @@
 - native.py: the native async jobs, /api/jobs* (and compare with baseline, compare.py)
 - page.py: the web page, GET /
 
-runtime.py holds what they share: the `Server` (queue, the served models (models.py) and the current one,
-credentials (guard.py), limits, LoRA folder, engine settings; a request's GenerationParams); this module builds the app that puts the Host
-and Origin checks, credentials, body size and error answers in front of every family. requests.py has the
+runtime.py holds what they share: the `Server` (queue, the served models (models.py) and the current one, WebUI's
+options, credentials (guard.py), limits, LoRA folder, engine settings; a request's GenerationParams, its jobs, the
+wait and the synchronous calls' run-and-collect), which the families use by its public names only; this module
+builds the app that puts the Host and Origin checks, credentials, body size and error answers (one status per
+refusal, _error_status) in front of every family. requests.py has the
 request helpers they all use; a family imports no other family.
 
 A server on a person's own machine is reachable from every web page they open, so before anything else:

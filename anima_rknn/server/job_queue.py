@@ -24,7 +24,15 @@ from ..errors import AnimaError
 from ..generation.params import SETTINGS, GenerationParams
 from ..generation.pipeline import AnimaPipeline
 from ..model.model_set import ModelFiles
-from .store import FINISHED, KEEP_JOBS, STORE, Job, JobStore, StoreError, remove_temporaries
+from .store import (
+    FINISHED,
+    KEEP_JOBS,
+    STORE,
+    Job,
+    JobStore,
+    StoreError,
+    remove_temporaries,
+)
 from .uploads import DecodeTurns, Uploads, image_inputs, without_bytes
 from .worker import Worker
 

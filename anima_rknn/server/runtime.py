@@ -30,7 +30,13 @@ from ..model.lora import LoraRef, named_lora
 from .guard import Guard
 from .job_queue import JobQueue
 from .models import Models, ServedModel
-from .requests import IMAGE_FIELDS, MAX_IMAGE_BODY_BYTES, BadRequest, _number, request_values
+from .requests import (
+    MAX_IMAGE_BODY_BYTES,
+    BadRequest,
+    _number,
+    has_image,
+    request_values,
+)
 from .store import Job
 from .webui_options import MODEL, Options
 
@@ -76,10 +82,6 @@ async def wait_done(jobs: list[Job]) -> list[Job]:
         job.when_done(lambda future=future: _wake(loop, future))
         await future
     return jobs
-
-
-def _has_image(values: dict[str, Any]) -> bool:
-    return any(values.get(field) is not None for field in IMAGE_FIELDS)
 
 
 def _kind_details(kind: str) -> dict[str, Any]:
@@ -257,7 +259,7 @@ class Server:
                              model: ServedModel) -> tuple[GenerationParams, list[Job]]:
         """A request's settings (params) and its `count` jobs (submit), made off the event loop: a request with an
         image in a decode turn (its base64 decoded and hashed, then checked by the submit, in that one turn)."""
-        if _has_image(values):
+        if has_image(values):
             return await self.decoding(self._params_and_jobs, values, count, model)
         return await run_in_threadpool(self._params_and_jobs, values, count, model)
 

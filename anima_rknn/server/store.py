@@ -66,6 +66,15 @@ def disk_full(e: BaseException | None) -> bool:
     return False
 
 
+def unwritable(e: AnimaError, what: str) -> StoreError:
+    """What a client is told when `what` (a file of the data folder) could not be written: 507 for a full disk, 503
+    otherwise, without the server's paths; the whole error is logged."""
+    log.warning("cannot keep %s: %s", what, e)
+    full = disk_full(e)
+    return StoreError(f"the server cannot keep {what} now "
+                      f"({'the disk is full' if full else 'it cannot write its data folder'})", 507 if full else 503)
+
+
 def remove_temporaries(folder: Path) -> None:
     """The temporaries of writes that a killed server left in `folder`, one of its own (a kill -9 mid-PNG: never a
     partial PNG, since a file is published whole by a rename, but its hidden temporary stays)."""

@@ -22,7 +22,7 @@ from ..core.files import Unreadable, read_small_file, write_bytes
 from ..errors import AnimaError
 from ..generation.images import MAX_IMAGE_BYTES, ImageInput
 from ..generation.params import IMAGE_SETTINGS, GenerationParams
-from .store import StoreError, disk_full, remove_temporaries
+from .store import StoreError, remove_temporaries, unwritable
 
 INPUTS = "inputs"  # the folder of data_dir that holds the jobs' uploaded images
 # Pictures decoded at once (a request's base64 and sha256, a submit's checks): each holds its decoded pixels, up to
@@ -111,11 +111,7 @@ class Uploads:
                 try:
                     write_bytes(self.path(image), image.data, overwrite=True)
                 except AnimaError as e:
-                    log.warning("cannot keep an uploaded image: %s", e)
-                    full = disk_full(e)
-                    raise StoreError("the server cannot keep the uploaded image now ("
-                                     f"{'the disk is full' if full else 'it cannot write its data folder'})",
-                                     507 if full else 503) from None
+                    raise unwritable(e, "the uploaded image") from None
 
     def with_inputs(self, params: GenerationParams) -> GenerationParams:
         """`params` with its fingerprint-only images given their bytes from the inputs folder."""

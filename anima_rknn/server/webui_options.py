@@ -29,7 +29,7 @@ from typing import Any
 from ..core.files import Unreadable, read_small_file, write_json
 from ..errors import AnimaError
 from .requests import BadRequest
-from .store import StoreError, disk_full
+from .store import unwritable
 
 CLIP_SKIP = "CLIP_stop_at_last_layers"
 MODEL = "sd_model_checkpoint"
@@ -168,11 +168,7 @@ class Options:
             try:
                 write_json(self.path, values | {MODEL: model}, overwrite=True)
             except AnimaError as e:
-                log.warning("cannot keep the options: %s", e)
-                full = disk_full(e)
-                raise StoreError("the server cannot keep its options now ("
-                                 f"{'the disk is full' if full else 'it cannot write its data folder'})",
-                                 507 if full else 503) from None
+                raise unwritable(e, "its options") from None
         self.values, self.model = values, model
 
     def checked(self, body: Any) -> dict[str, Any]:

@@ -21,8 +21,8 @@ import uvicorn
 from PIL import Image
 
 from anima_rknn.server.app import build_app
-from anima_rknn.server.runtime import Server
 from anima_rknn.server.job_queue import JobQueue
+from anima_rknn.server.runtime import Server
 
 webuiapi = pytest.importorskip("webuiapi")
 openai = pytest.importorskip("openai")
