@@ -10,6 +10,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from anima_rknn.generation.params import build
 from anima_rknn.server.runtime import wait_done
 from anima_rknn.server.store import Job
@@ -131,3 +133,85 @@ def test_the_runtime_waits_without_sleeping():
     tree = ast.parse((SERVER_DIR / "runtime.py").read_text())
     sleeps = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "sleep"]
     assert sleeps == []
+
+
+# ---- one run-and-collect, one failure mapping (docs/server-api.md) ---------------------------------------------
+
+SYNCHRONOUS = {"a1111": ("/sdapi/v1/txt2img", {"width": 64, "height": 64, "steps": 2}),
+               "openai": ("/v1/images/generations", {"size": "64x64", "steps": 2})}
+
+
+@pytest.fixture(scope="module")
+def served(queue, tmp_path_factory):
+    from test_server import running
+
+    loras = tmp_path_factory.mktemp("loras")
+    with running(queue, lora_dir=loras) as url:
+        yield url, loras, queue
+
+
+def _message(answer: dict) -> str:
+    return answer["error"] if isinstance(answer["error"], str) else answer["error"]["message"]
+
+
+def _behind_a_blocker(served, path: str, body: dict, while_queued, monkeypatch) -> tuple[int, dict]:
+    """A synchronous call queued behind a native job held at its first step: `while_queued(job_id)` runs while the
+    call's job waits, then the blocker is cancelled and let go, and the call's answer returned."""
+    from test_server import call
+
+    url, _, queue = served
+    held, release, on_step = threading.Event(), threading.Event(), queue.worker.on_step
+
+    def hold(job, event):
+        on_step(job, event)
+        if job.params.prompt == "a blocker":
+            held.set()
+            release.wait(60)
+
+    monkeypatch.setattr(queue.worker, "on_step", hold)
+    code, blocker = call(f"{url}/api/jobs", {"prompt": "a blocker", "width": 64, "height": 64, "steps": 2})
+    assert code == 200 and held.wait(60), blocker
+    prompt = body["prompt"].split(" <lora:")[0]  # as the job's settings hold it, its LoRA tag read
+    answers = []
+    sender = threading.Thread(target=lambda: answers.append(call(f"{url}{path}", body)))
+    sender.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not (found := [job["id"] for job in call(f"{url}/api/jobs")[1]
+                             if job["params"]["prompt"] == prompt and job["state"] == "queued"]):
+            assert time.monotonic() < deadline and sender.is_alive(), answers
+            time.sleep(0.05)
+        while_queued(found[0])
+    finally:
+        call(f"{url}/api/jobs/{blocker['id']}/cancel", method="POST")
+        release.set()
+        sender.join(120)
+    return answers[0]
+
+
+@pytest.mark.parametrize("api", SYNCHRONOUS)
+def test_a_synchronous_calls_cancelled_job_is_a_409_in_both_apis(served, api, monkeypatch):
+    from test_server import call
+
+    url = served[0]
+    path, body = SYNCHRONOUS[api]
+    body = {**body, "prompt": f"cancelled by another client ({api})"}
+    code, answer = _behind_a_blocker(served, path, body,
+                                     lambda job: call(f"{url}/api/jobs/{job}/cancel", method="POST"), monkeypatch)
+    assert code == 409 and _message(answer) == "job cancelled", answer
+
+
+@pytest.mark.parametrize("api", SYNCHRONOUS)
+def test_a_synchronous_calls_failed_job_is_a_500_in_both_apis(served, tiny_set, api, monkeypatch):
+    from lora_files import comfy, random_pairs, write_lora
+
+    from anima_rknn.model.io import read_dit_config
+
+    loras = served[1]
+    lora = write_lora(loras / f"gone-{api}.safetensors", comfy(random_pairs(read_dit_config(tiny_set.dit), seed=1)))
+    path, body = SYNCHRONOUS[api]
+    body = {**body, "prompt": f"a failing cat ({api}) <lora:gone-{api}:1>"}
+    # The LoRA is gone before the job runs.
+    code, answer = _behind_a_blocker(served, path, body, lambda job: lora.unlink(), monkeypatch)
+    assert code == 500 and f"gone-{api}.safetensors" in _message(answer), answer
+    assert str(loras) not in _message(answer)
