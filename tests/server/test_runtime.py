@@ -215,3 +215,24 @@ def test_a_synchronous_calls_failed_job_is_a_500_in_both_apis(served, tiny_set, 
     code, answer = _behind_a_blocker(served, path, body, lambda job: lora.unlink(), monkeypatch)
     assert code == 500 and f"gone-{api}.safetensors" in _message(answer), answer
     assert str(loras) not in _message(answer)
+
+
+def test_decode_turns_are_bounded_and_a_thread_holding_one_takes_no_second():
+    from anima_rknn.server.uploads import DecodeTurns, ServerBusy
+
+    turns, outcomes = DecodeTurns(count=1, wait_s=0.2), []
+
+    def decode() -> None:
+        try:
+            with turns.turn():
+                outcomes.append("decoded")
+        except ServerBusy as e:
+            outcomes.append(str(e))
+
+    with turns.turn(), turns.turn():  # a request's decode, then its submit's checks, in one turn
+        other = threading.Thread(target=decode)
+        other.start()
+        other.join(5)
+    assert outcomes == ["the server is decoding 1 pictures already; try again shortly"]
+    decode()  # the turn is back
+    assert outcomes[-1] == "decoded"
