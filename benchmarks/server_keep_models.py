@@ -19,7 +19,7 @@ from pathlib import Path
 from anima_rknn.model.model_set import resolve
 from anima_rknn.generation.params import GenerationParams
 from anima_rknn.generation.pipeline import AnimaPipeline
-from anima_rknn.server.jobs import JobQueue
+from anima_rknn.server.job_queue import JobQueue
 model, keep = sys.argv[1], sys.argv[2] == "keep"
 jobs, size, steps = (int(a) for a in sys.argv[3:6])
 queue = JobQueue(AnimaPipeline(resolve(model), keep_dit=keep), Path(tempfile.mkdtemp()) / "data")

@@ -179,8 +179,8 @@ def serve(ctx, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host
     import uvicorn
 
     from ..server.app import build_app
+    from ..server.job_queue import JobQueue
     from ..server.runtime import Server
-    from ..server.jobs import JobQueue
 
     try:
         address = ipaddress.ip_address(host)

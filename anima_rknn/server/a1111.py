@@ -53,10 +53,10 @@ from ..sampling.schedule import (
     schedule_name,
 )
 from . import extras
-from .jobs import ImageGone, Job, StoreError
 from .models import ServedModel
-from .requests import BadRequest, _number, error_answer, json_body
-from .webui_options import CLIP_SKIP, MODEL, WEBUI_OPTIONS, Options, checked_option
+from .requests import BadRequest, _number, json_body
+from .store import Job
+from .webui_options import CLIP_SKIP, MODEL, WEBUI_OPTIONS, checked_option
 
 if TYPE_CHECKING:
     from .runtime import Server
@@ -153,8 +153,8 @@ def request_model(server: Server, body: dict[str, Any]) -> ServedModel:
     if not same and server.model_for(second, "hr_checkpoint_name") is not model:
         raise BadRequest("hr_checkpoint_name: the hires pass here runs on the first pass's model; leave it empty")
     restore = body.get("override_settings_restore_afterwards")
-    if restore is False and MODEL in overrides:
-        server.models.current = model
+    if restore is False and MODEL in overrides and model is not server.models.current:
+        server.set_current(model)
     return model
 
 
@@ -323,40 +323,20 @@ def a1111_body(body: dict[str, Any], route: str = "txt2img") -> dict[str, Any]:
 def routes(server: Server) -> APIRouter:
     router = APIRouter()
     queue = server.queue
-    answering: list[list[Job]] = []  # each pending txt2img / img2img call's jobs: /interrupt ends the whole call
-
 
     async def generate(request: Request, route: str):
         body = numbers_from_text(await json_body(request))
         ignored = unimplemented_fields(body)
         model = request_model(server, body)
-        params = server.params(a1111_body(body, route), model)
-        count = _images_asked(body)
-        # Off the event loop: checking an upload decodes it (seconds for a large one), and /progress must answer.
-        try:
-            jobs = await run_in_threadpool(server._submit_many, params, count, model)
-        except StoreError as e:  # a full disk: nothing was queued
-            return error_answer(request, str(e), e.status)
-        answering.append(jobs)
-        try:
-            jobs = await server._wait(jobs)
-        finally:
-            answering.remove(jobs)
-        if any(job.interrupt.is_set() for job in jobs):  # as WebUI: the pictures made, the interrupted one too
-            jobs = [job for job in jobs if job.state != "cancelled"]
-        failed = next((job for job in jobs if job.state != "completed"), None)
-        if failed is not None:
-            return JSONResponse({"error": failed.error or f"job {failed.state}"}, status_code=500
-                                if failed.state == "failed" else 409)
-        try:
-            pngs = [queue.read_image(job) for job in jobs]
-        except ImageGone as e:  # removed from the data folder between the job's end and now
-            return error_answer(request, str(e), 410)
+        # Decoding an upload (base64, sha256, its pixels) runs off the event loop, in a decode turn: /progress
+        # answers meanwhile. A failure is the runtime's one mapping (Server.run_and_collect).
+        made = await server.run_and_collect(a1111_body(body, route), _images_asked(body), model)
         if route == "img2img":  # as WebUI answers without include_init_images: the parameters without the images
             body = body | {"init_images": None, "mask": None}
-        warning = server.size_warning(params, model)
-        info = _info(model, params, jobs, pngs) | {"ignored_fields": ignored, "warnings": [warning] if warning else []}
-        return JSONResponse({"images": [base64.b64encode(png).decode() for png in pngs], "parameters": body,
+        warning = server.size_warning(made.params, model)
+        info = _info(model, made.params, made.jobs, made.pngs) | {"ignored_fields": ignored,
+                                                                  "warnings": [warning] if warning else []}
+        return JSONResponse({"images": [base64.b64encode(png).decode() for png in made.pngs], "parameters": body,
                              "info": json.dumps(info)}, headers={IGNORED_HEADER: ", ".join(ignored)})
 
     @router.post("/sdapi/v1/txt2img")
@@ -383,15 +363,8 @@ def routes(server: Server) -> APIRouter:
     @router.post("/sdapi/v1/interrupt")
     async def interrupt():
         # As WebUI's: the running call answers with its pictures as far as they got (the running job's after its
-        # next step) and makes no more; a job that no call of this API waits for is cancelled.
-        current = queue.current
-        if current is not None:
-            call = next((jobs for jobs in answering if current in jobs), None)
-            if call is None:
-                queue.cancel(current)
-            else:
-                for job in call:
-                    queue.interrupt(job)
+        # next step) and makes no more; a job that no synchronous call waits for is cancelled.
+        server.interrupt_call()
         return {}
 
     @router.post("/sdapi/v1/skip")
@@ -445,19 +418,15 @@ def routes(server: Server) -> APIRouter:
     async def loras():
         return await run_in_threadpool(lora_list, server.lora_dir)  # reads each file's header: off the event loop
 
-    options = Options()
-
     @router.get("/sdapi/v1/options")
     async def read_options():
-        return options.values | {MODEL: server.models.current.title}
+        return server.options.values | {MODEL: server.models.current.title}
 
     @router.post("/sdapi/v1/options")
     async def write_options(request: Request):
-        # All checked first (an unknown key, a wrong type, a model not served: a 400), then all stored.
-        changes = options.checked(await json_body(request))
-        model = server.model_for(changes.pop(MODEL, None), MODEL)
-        options.values.update(changes)
-        server.models.current = model
+        # All checked first (an unknown key, a wrong type, a model not served: a 400), then all kept (a file
+        # written whole: off the event loop).
+        await run_in_threadpool(server.write_options, await json_body(request))
         return None  # WebUI answers null
 
     @router.get("/sdapi/v1/cmd-flags")
@@ -524,7 +493,7 @@ def lora_list(folder: Path | None) -> list[dict[str, Any]]:
 
 def _images_asked(body: dict[str, Any]) -> int:
     """batch_size x n_iter: each a whole number from 1 (never truncated). Their product is bounded where every
-    API's is (Server._submit_many: at most MAX_IMAGES, a 400; more than the queue has room for now, a 429)."""
+    API's is (Server.submit: at most MAX_IMAGES, a 400; more than the queue has room for now, a 429)."""
     counts = []
     for field in ("batch_size", "n_iter"):
         value = body.get(field, 1)

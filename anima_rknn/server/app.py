@@ -7,9 +7,11 @@
 - native.py: the native async jobs, /api/jobs* (and compare with baseline, compare.py)
 - page.py: the web page, GET /
 
-runtime.py holds what they share: the `Server` (queue, the served models (models.py) and the current one,
-credentials (guard.py), limits, LoRA folder, engine settings; a request's GenerationParams); this module builds the app that puts the Host
-and Origin checks, credentials, body size and error answers in front of every family. requests.py has the
+runtime.py holds what they share: the `Server` (queue, the served models (models.py) and the current one, WebUI's
+options, credentials (guard.py), limits, LoRA folder, engine settings; a request's GenerationParams, its jobs, the
+wait and the synchronous calls' run-and-collect), which the families use by its public names only; this module
+builds the app that puts the Host and Origin checks, credentials, body size and error answers (one status per
+refusal, _error_status) in front of every family. requests.py has the
 request helpers they all use; a family imports no other family.
 
 A server on a person's own machine is reachable from every web page they open, so before anything else:
@@ -44,7 +46,7 @@ from ..checks import shown
 from ..errors import AnimaError
 from . import a1111, native, openai, page
 from .compare import NotReady
-from .jobs import ImageGone, JobBusy, QueueFull, ServerBusy, StoreError
+from .job_queue import JobBusy, QueueFull
 from .requests import (
     BodyTooLarge,
     JobNotFound,
@@ -53,15 +55,17 @@ from .requests import (
     error_answer,
     too_large,
 )
-from .runtime import Server
+from .runtime import JobEnded, Server
+from .store import ImageGone, StoreError
+from .uploads import ServerBusy
 
 log = logging.getLogger(__name__)
 
 
 def _error_status(e: AnimaError) -> int:
     """The HTTP status of a refusal that reaches the app's handler: 4xx for the request, 5xx for the store."""
-    if isinstance(e, StoreError):
-        return e.status  # 507: a full disk, 503: a store made read-only under the server
+    if isinstance(e, (StoreError, JobEnded)):
+        return e.status  # 507: a full disk, 503: a store made read-only under the server; a job's end: 500 / 409
     return {QueueFull: 429, ImageGone: 410, JobBusy: 409, ServerBusy: 503}.get(type(e), 400)
 
 

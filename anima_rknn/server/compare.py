@@ -16,7 +16,8 @@ from ..bench.metrics import difference_map, psnr, ssim
 from ..checks import is_number
 from ..errors import AnimaError
 from ..generation.params import GenerationParams, settings_of, uncached
-from .jobs import ImageGone, Job, JobQueue
+from .job_queue import JobQueue
+from .store import ImageGone, Job
 
 GIVEN_UP = ("failed", "cancelled")
 DIFFERENCE_COLOURS = "inferno"  # black where equal, through red to pale yellow at the largest difference

@@ -26,8 +26,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..checks import shown
 from ..sampling.samplers import SAMPLERS
 from .compare import difference_png, measure, twin_of
-from .jobs import FINISHED, ImageGone, JobBusy, StoreError
+from .job_queue import JobBusy
 from .requests import BadRequest, error_answer, job_or_404, json_body
+from .store import FINISHED, ImageGone, StoreError
 
 if TYPE_CHECKING:
     from .runtime import Server
@@ -67,12 +68,8 @@ def routes(server: Server) -> APIRouter:
     async def submit(request: Request):
         body = await json_body(request)
         model = server.model_for(body.pop("model", None), "model")  # a served model's name; none: the current one
-        params = server.params(body, model)
-        try:
-            job = (await run_in_threadpool(server._submit_many, params, 1, model))[0]  # off the event loop
-        except StoreError as e:  # a full disk: nothing was queued
-            return error_answer(request, str(e), e.status)
-        return server.job_status(job)
+        _, jobs = await server.submit_request(body, 1, model)  # off the event loop (an image: in a decode turn)
+        return server.job_status(jobs[0])
 
     @router.get("/api/settings")
     async def settings(request: Request):

@@ -17,12 +17,12 @@ default, and no model at all mean the server's current one.
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
-from fastapi.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 
 from ..checks import shown
@@ -124,13 +124,12 @@ def _edit_images(image_data: bytes, mask_data: bytes | None) -> tuple[ImageInput
 def routes(server: Server) -> APIRouter:
     router = APIRouter()
 
-    async def answer(request: Request, params, body: dict[str, Any], model: ServedModel):
-        jobs = await server._wait(await run_in_threadpool(server._submit_many, params, _whole(body, "n", 1), model))
-        failed = next((job for job in jobs if job.state != "completed"), None)
-        if failed is not None:
-            return error_answer(request, failed.error or f"job {failed.state}", 500)
-        return {"created": int(jobs[0].created), "data": [{"b64_json": server._png_b64(job),
-                                                          "revised_prompt": job.params.prompt} for job in jobs]}
+    async def answer(values: dict[str, Any], body: dict[str, Any], model: ServedModel):
+        # A failure is the runtime's one mapping (Server.run_and_collect), in OpenAI's error shape.
+        made = await server.run_and_collect(values, _whole(body, "n", 1), model)
+        return {"created": int(made.jobs[0].created), "data": [
+            {"b64_json": base64.b64encode(png).decode(), "revised_prompt": job.params.prompt}
+            for job, png in zip(made.jobs, made.pngs, strict=True)]}
 
     def listed(model: ServedModel) -> dict[str, Any]:
         return {"id": model.name, "object": "model", "owned_by": "anima-rknn"}
@@ -164,7 +163,7 @@ def routes(server: Server) -> APIRouter:
         _check_format(body)
         for field in ("init_image", "mask", "outpaint"):  # an image is an edit's
             body.pop(field, None)
-        return await answer(request, server.params({**body, "width": width, "height": height}, model), body, model)
+        return await answer({**body, "width": width, "height": height}, body, model)
 
     @router.post("/v1/images/edits")
     async def edits(request: Request):
@@ -175,7 +174,9 @@ def routes(server: Server) -> APIRouter:
             image_data = await _upload(form, ("image", "image[]"), "image")
             if image_data is None:
                 raise BadRequest("image is required: the picture to edit, as a file")
-            image, mask, size = _edit_images(image_data, await _upload(form, ("mask",), "mask"))
+            mask_data = await _upload(form, ("mask",), "mask")
+            # Off the event loop, in a decode turn: the images' sha256 and pixels.
+            image, mask, size = await server.decoding(_edit_images, image_data, mask_data)
         finally:
             await form.close()  # the spooled files
         given = _text(body, "size", "auto")
@@ -183,7 +184,6 @@ def routes(server: Server) -> APIRouter:
         values = {**body, "init_image": image, "mask": mask, "width": width, "height": height}
         if mask is not None:
             values.setdefault("denoising_strength", EDIT_MASK_STRENGTH)
-        model = asked_model(body)
-        return await answer(request, server.params(values, model), body, model)
+        return await answer(values, body, asked_model(body))
 
     return router

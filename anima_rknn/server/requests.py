@@ -33,7 +33,9 @@ from ..core.files import human_size
 from ..errors import AnimaError
 from ..generation.images import ImageInput
 from ..generation.params import MAX_SIDE, REQUEST_FIELDS, option
-from .jobs import Job, JobQueue, ServerBusy
+from .job_queue import JobQueue
+from .store import Job
+from .uploads import ServerBusy
 
 MAX_BODY_BYTES = 1 << 20  # a request without images
 # A request with images (base64 in JSON, or a multipart upload): an init image and a mask of up to ~36 MiB
@@ -233,7 +235,8 @@ def require_content_type(request: Request, media_type: str, sent_as: str) -> Non
         raise WrongContentType(f"send this request as {media_type} ({sent_as}), got {got}")
 
 
-def _has_image(body: dict[str, Any]) -> bool:
+def has_image(body: dict[str, Any]) -> bool:
+    """Whether a request (or its settings) carries a picture in any of IMAGE_FIELDS."""
     return any(body.get(field) not in (None, "", []) for field in IMAGE_FIELDS)
 
 
@@ -261,7 +264,7 @@ async def _parsed(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     _check_image_lists(body)
-    if len(raw) > MAX_BODY_BYTES and not _has_image(body):  # the image routes' limit is for images
+    if len(raw) > MAX_BODY_BYTES and not has_image(body):  # the image routes' limit is for images
         raise BodyTooLarge(f"request body over {_mib(MAX_BODY_BYTES)} without an image in it")
     return body
 

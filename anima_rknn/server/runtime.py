@@ -1,17 +1,22 @@
 """The server's runtime, shared by every route family (a1111.py, openai.py, native.py, page.py): the `Server` holds the
-queue, the served models (models.py) and the current one, the Host/Origin/credential guard (guard.py), limits, LoRA
-folder and engine settings, and turns a request into GenerationParams and jobs. app.py wires it to the routes."""
+queue, the served models (models.py) and the current one, WebUI's options (webui_options.py, kept in the data
+folder), the Host/Origin/credential guard (guard.py), limits, LoRA folder and engine settings; it turns a request
+into GenerationParams and jobs, waits for them without polling, and runs the synchronous APIs' calls (A1111's
+txt2img / img2img, OpenAI's images) through one run-and-collect with one failure mapping. app.py wires it to the
+routes, which use only its public names (a test reads them)."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from starlette.concurrency import run_in_threadpool
+
+from ..errors import AnimaError
 from ..generation.images import IMAGE_FORMATS, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
 from ..generation.params import (
     REQUEST_FIELDS,
@@ -23,12 +28,60 @@ from ..generation.params import (
 )
 from ..model.lora import LoraRef, named_lora
 from .guard import Guard
-from .jobs import Job, JobQueue
+from .job_queue import JobQueue
 from .models import Models, ServedModel
-from .requests import MAX_IMAGE_BODY_BYTES, BadRequest, _number, request_values
+from .requests import (
+    MAX_IMAGE_BODY_BYTES,
+    BadRequest,
+    _number,
+    has_image,
+    request_values,
+)
+from .store import Job
+from .webui_options import MODEL, Options
 
 MAX_IMAGES = 8  # batch_size * n_iter, n
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class JobEnded(AnimaError):
+    """A synchronous call's job ended without its picture: `status` 500 when it failed (its error is the message),
+    409 when it was cancelled (by the native API's cancel, or an /interrupt of a job no call waits for)."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(job.error or f"job {job.state}")
+        self.status = 500 if job.state == "failed" else 409
+
+
+@dataclasses.dataclass
+class Collected:
+    """What a synchronous call made: its settings, its jobs (completed) and their PNGs, in order."""
+    params: GenerationParams
+    jobs: list[Job]
+    pngs: list[bytes]
+
+
+def _wake(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> None:
+    """Resolve `future` on its loop from any thread (a loop closed meanwhile has no one left to wake)."""
+    def resolve() -> None:
+        if not future.done():
+            future.set_result(None)
+    try:
+        loop.call_soon_threadsafe(resolve)
+    except RuntimeError:
+        pass
+
+
+async def wait_done(jobs: list[Job]) -> list[Job]:
+    """`jobs` once each has ended, awaited without polling: each job wakes its waiter when it ends (Job.when_done,
+    from the worker's thread, through the loop's call_soon_threadsafe)."""
+    loop = asyncio.get_running_loop()
+    for job in jobs:
+        future: asyncio.Future[None] = loop.create_future()
+        job.when_done(lambda future=future: _wake(loop, future))
+        await future
+    return jobs
 
 
 def _kind_details(kind: str) -> dict[str, Any]:
@@ -57,11 +110,20 @@ class Server:
         self.engine = dict(engine or {})  # SERVER_SETTINGS (backend, dtype, ...): the server's, never a request's
         # The served models: the queue's (serve given several), else its one pipeline's, named model_name.
         if not queue.models:
-            queue.models = {model_name: queue.pipeline.files}
+            queue.models[model_name] = queue.pipeline.files  # the worker's table too: updated, not replaced
         self.models = Models([ServedModel.of(name, files) for name, files in queue.models.items()])
         self.given_size = native_size  # a request's default size for every model; None: each model's own
         self.max_side, self.max_steps = max_side, max_steps
         self.lora_dir = lora_dir  # requests pick LoRAs in it by name (<lora:NAME:SCALE> or "loras"), never by path
+        # WebUI's options as last written, kept in the data folder; the current model is one of them.
+        self.options = Options.kept_in(queue.data_dir)
+        if self.options.model is not None:
+            try:
+                self.models.current = self.models.find(self.options.model)
+            except BadRequest:
+                log.warning("the current model in the saved options, %s, is not served now: %s is", self.options.model,
+                            self.models.current.title)
+        self.calls: list[list[Job]] = []  # each pending synchronous call's jobs: an /interrupt ends the whole call
 
     # ---- models -------------------------------------------------------------------------------------------
 
@@ -164,7 +226,44 @@ class Server:
             raise BadRequest('loras must be a list of {"name": NAME, "scale": SCALE} objects')
         return [named_lora(item.get("name"), _number(item, "scale", 1.0), self.lora_dir) for item in value]
 
-    def _submit_many(self, params: GenerationParams, count: int, model: ServedModel | None = None) -> list[Job]:
+    def write_options(self, body: Any) -> None:
+        """WebUI's POST /options: every option checked (a 400 names the first refused), then all kept (the
+        options file first: StoreError, nothing changed), sd_model_checkpoint switching the current model."""
+        changes = self.options.checked(body)
+        model = self.model_for(changes.pop(MODEL, None), MODEL)
+        self.options.write(changes, model.title)
+        self.models.current = model
+
+    def set_current(self, model: ServedModel) -> None:
+        """The model requests that name none run on from now on, kept with the options for the next start."""
+        self.options.write({}, model.title)
+        self.models.current = model
+
+    # ---- submitting and waiting ---------------------------------------------------------------------------
+
+    async def decoding(self, work: Callable[..., T], *args: Any) -> T:
+        """`work(*args)` off the event loop in a turn of the queue's decodes (at most uploads.MAX_DECODES at once;
+        beyond, ServerBusy: a 503 with Retry-After): decoding a picture's base64, its sha256 and its pixels takes
+        a large one a second, and /progress must answer meanwhile."""
+        def in_turn() -> T:
+            with self.queue.decodes.turn():
+                return work(*args)
+        return await run_in_threadpool(in_turn)
+
+    def _params_and_jobs(self, values: dict[str, Any], count: int,
+                         model: ServedModel) -> tuple[GenerationParams, list[Job]]:
+        params = self.params(values, model)
+        return params, self.submit(params, count, model)
+
+    async def submit_request(self, values: dict[str, Any], count: int,
+                             model: ServedModel) -> tuple[GenerationParams, list[Job]]:
+        """A request's settings (params) and its `count` jobs (submit), made off the event loop: a request with an
+        image in a decode turn (its base64 decoded and hashed, then checked by the submit, in that one turn)."""
+        if has_image(values):
+            return await self.decoding(self._params_and_jobs, values, count, model)
+        return await run_in_threadpool(self._params_and_jobs, values, count, model)
+
+    def submit(self, params: GenerationParams, count: int = 1, model: ServedModel | None = None) -> list[Job]:
         """`count` jobs on `model` (None: the current one), consecutive seeds as WebUI does for a batch; a size far
         from the model's trained one is logged."""
         if not 1 <= count <= MAX_IMAGES:
@@ -182,11 +281,38 @@ class Server:
         warning = None if model is None else self.size_warning(job.params, model)
         return job.status(self.queue.position(job)) | {"warnings": [warning] if warning else []}
 
-    async def _wait(self, jobs: list[Job]) -> list[Job]:
-        for job in jobs:
-            while not job.done.is_set():
-                await asyncio.sleep(0.05)
-        return jobs
+    async def wait(self, jobs: list[Job]) -> list[Job]:
+        """`jobs` once each has ended (wait_done: no polling)."""
+        return await wait_done(jobs)
 
-    def _png_b64(self, job: Job) -> str:
-        return base64.b64encode(self.queue.read_image(job)).decode()  # a plain file of the data folder only
+    async def run_and_collect(self, values: dict[str, Any], count: int, model: ServedModel) -> Collected:
+        """A synchronous call (A1111's txt2img / img2img, OpenAI's generations / edits): submit its `count` jobs,
+        wait for them, and read their PNGs. The one failure mapping of these calls (docs/server-api.md):
+        a refused request raises as the app maps it (400, 429 queue full, 503 busy, 507 disk full); a job that
+        failed or was cancelled is JobEnded (500 / 409); a PNG gone since is ImageGone (410). An /interrupt
+        (interrupt_call) ends the call with the pictures made, the interrupted one too, as WebUI's does."""
+        params, jobs = await self.submit_request(values, count, model)
+        self.calls.append(jobs)
+        try:
+            await self.wait(jobs)
+        finally:
+            self.calls.remove(jobs)
+        if any(job.interrupt.is_set() for job in jobs):
+            jobs = [job for job in jobs if job.state != "cancelled"]
+        if (ended := next((job for job in jobs if job.state != "completed"), None)) is not None:
+            raise JobEnded(ended)
+        return Collected(params, jobs, [self.queue.read_image(job) for job in jobs])
+
+    def interrupt_call(self) -> None:
+        """WebUI's interrupt: the synchronous call whose job is running answers with its pictures as far as they
+        got (the running job's after its next step) and makes no more; a running job no call waits for (the
+        native API's) is cancelled."""
+        current = self.queue.current
+        if current is None:
+            return
+        call = next((jobs for jobs in self.calls if current in jobs), None)
+        if call is None:
+            self.queue.cancel(current)
+            return
+        for job in call:
+            self.queue.interrupt(job)

@@ -4,24 +4,38 @@ WebUI's clients read the options (SillyTavern's ping, Open WebUI's current model
 SillyTavern and webuiapi post {"sd_model_checkpoint": TITLE}; Open WebUI posts back the whole object it read)
 and check a key they wrote (WebUI's own API test flips send_seed). So every key of WebUI's own table below is
 taken with a value of its default's type (a whole number for a float too, as WebUI's same_type), and answered
-back as written; they are kept in memory, for the server's life. What they do:
+back as written; they are kept in the data folder (OPTIONS_FILE, written whole by the atomic writer), the current
+model with them, and read back at the next start. What they do:
 - sd_model_checkpoint switches the model requests run on by default (any of WebUI's names for a served model);
 - a few keys whose other values would change every picture in a way this server does not do (REFUSED below)
   are taken at their default only: storing another value and drawing as before would be a silent lie;
 - every other key is a preference of WebUI's own interface, files or memory: stored and returned, no effect.
 A key not in the table (WebUI's extensions' keys, its rarer settings), a value of another type, or a model this
 server does not serve is a 400 naming it, and nothing of the body is changed.
+
+An options file the server cannot take at start (not JSON, not an object, a key or value it would refuse, a link,
+too large) is one warning line: it is moved aside (OPTIONS_FILE + ".bad", replacing an older one) and the server
+starts from WebUI's defaults, as a file that cannot be trusted cannot say which of its values were meant.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
+from pathlib import Path
 from typing import Any
 
+from ..core.files import Unreadable, read_small_file, write_json
+from ..errors import AnimaError
 from .requests import BadRequest
+from .store import unwritable
 
 CLIP_SKIP = "CLIP_stop_at_last_layers"
 MODEL = "sd_model_checkpoint"
+OPTIONS_FILE = "webui-options.json"  # in the server's data folder
+MAX_OPTIONS_BYTES = 1 << 20  # far above the table's keys and values as JSON
+log = logging.getLogger(__name__)
 
 # WebUI's option keys with their defaults (modules/shared_options.py), those its API clients touch and those that
 # set how it draws; sd_model_checkpoint is answered with the current model's title.
@@ -96,6 +110,8 @@ def checked_option(key: Any, value: Any, where: str = "options") -> Any:
         raise BadRequest(f"{where}: unknown option {_json(key)}: not one of the WebUI settings this server keeps "
                          "(GET /sdapi/v1/options lists them)")
     default = WEBUI_OPTIONS[key]
+    if isinstance(value, float) and not math.isfinite(value):  # JSON's parser takes NaN; no option is one
+        raise BadRequest(f"{where} {key}: must be a finite number, got {_json(value)}")
     if not _same_type(value, default):
         kind = "text" if default is None or isinstance(default, str) else type(default).__name__
         raise BadRequest(f"{where} {key}: must be {'a number' if kind in ('int', 'float') else kind}, got "
@@ -108,10 +124,52 @@ def checked_option(key: Any, value: Any, where: str = "options") -> Any:
 
 
 class Options:
-    """The options as last written (WebUI's defaults at start)."""
+    """The options as last written (WebUI's defaults at a first start) and the current model's title (`model`:
+    None until one is written). `path`: where they are kept (None: in memory only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path | None = None) -> None:
         self.values = {key: value for key, value in WEBUI_OPTIONS.items() if key != MODEL}
+        self.model: str | None = None
+        self.path = path
+
+    @classmethod
+    def kept_in(cls, folder: Path) -> Options:
+        """The options kept in `folder` (the data folder), as an earlier run of the server left them."""
+        options = cls(folder / OPTIONS_FILE)
+        try:
+            options._restore()
+        except (Unreadable, BadRequest) as e:
+            aside = options.path.with_name(OPTIONS_FILE + ".bad")
+            try:
+                options.path.replace(aside)  # a link is moved itself, never followed
+            except OSError as moved:
+                aside = f"left in place: cannot move it ({moved.strerror or moved})"
+            log.warning("%s not used (%s): %s; WebUI's default options are used", options.path,
+                        str(e).splitlines()[0], f"moved to {aside.name}" if isinstance(aside, Path) else aside)
+        return options
+
+    def _restore(self) -> None:
+        if not (self.path.exists() or self.path.is_symlink()):
+            return
+        try:
+            saved = json.loads(read_small_file(self.path, MAX_OPTIONS_BYTES, no_links=True).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise Unreadable(f"not valid JSON: {type(e).__name__}") from None
+        checked = self.checked(saved)  # every key and value as a write would be checked
+        model = checked.pop(MODEL, None)
+        self.values.update(checked)
+        self.model = model
+
+    def write(self, changes: dict[str, Any], model: str) -> None:
+        """Checked `changes` and the current model's title, kept: first in the file (StoreError when it cannot be
+        written: nothing changes), then here."""
+        values = self.values | changes
+        if self.path is not None:
+            try:
+                write_json(self.path, values | {MODEL: model}, overwrite=True)
+            except AnimaError as e:
+                raise unwritable(e, "its options") from None
+        self.values, self.model = values, model
 
     def checked(self, body: Any) -> dict[str, Any]:
         """Every option of a write, checked before any is stored (the model too, by the caller)."""

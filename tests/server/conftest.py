@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from anima_rknn.generation.pipeline import AnimaPipeline
-from anima_rknn.server.jobs import JobQueue
+from anima_rknn.server.job_queue import JobQueue
 
 
 @pytest.fixture(scope="module")

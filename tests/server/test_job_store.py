@@ -21,7 +21,8 @@ from test_server import SMALL, call, running
 from anima_rknn.errors import AnimaError
 from anima_rknn.generation.params import build, settings_of
 from anima_rknn.generation.pipeline import AnimaPipeline
-from anima_rknn.server.jobs import FINISHED, STORE, JobQueue
+from anima_rknn.server.job_queue import JobQueue
+from anima_rknn.server.store import FINISHED, STORE
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,7 @@ def test_rows_that_cannot_be_jobs_are_marked_failed_in_one_line_and_the_server_r
     }
     rows(data, *((job_id, *row) for job_id, row in bad.items()),
          ("00000000000000aa", time.time(), "queued", json.dumps(GOOD), None, None))
-    with caplog.at_level(logging.WARNING, "anima_rknn.server.jobs"):
+    with caplog.at_level(logging.WARNING, "anima_rknn.server.store"):
         queue = JobQueue(pipeline, data)
     lines = [r.getMessage() for r in caplog.records if "marked failed" in r.getMessage()]
     assert len(lines) == len(bad) and all("\n" not in line for line in lines), lines
@@ -118,7 +119,7 @@ def test_rows_over_the_servers_limits_fail_in_one_line(pipeline, tmp_path):
 def _real_store(pipeline, data: Path) -> bytes:
     queue = JobQueue(pipeline, data)
     queue.submit(build({"prompt": "a cat", **SMALL, "seed": 1}))
-    queue._db.close()
+    queue.store._db.close()
     return (data / STORE).read_bytes()
 
 
@@ -317,7 +318,7 @@ def test_a_failed_jobs_error_names_no_server_folder(pipeline, tmp_path, tiny_set
     queue = JobQueue(pipeline, tmp_path / "data")
     job = queue.submit(build({"prompt": "a cat <lora:style:1>", **SMALL}, lora_dir=loras))
     lora.unlink()  # gone before the job runs
-    with caplog.at_level(logging.WARNING, "anima_rknn.server.jobs"):
+    with caplog.at_level(logging.WARNING, "anima_rknn.server.job_queue"):
         queue.start()
         try:
             failed = _finished(queue, job.id)
@@ -334,7 +335,7 @@ def test_serve_refuses_a_damaged_store_in_one_line_and_keeps_it(tiny_set, tmp_pa
 
     from anima_rknn.cli import main
     from anima_rknn.cli.serve import serve
-    from anima_rknn.server.jobs import KEEP_JOBS
+    from anima_rknn.server.store import KEEP_JOBS
 
     assert next(p.default for p in serve.params if p.name == "keep_jobs") == KEEP_JOBS
     data = tmp_path / "data"
@@ -360,7 +361,7 @@ def test_a_jobs_model_is_stored_and_a_model_no_longer_served_fails_it(pipeline, 
     first = JobQueue(pipeline, data, models={"tiny": tiny_set, "gone": tiny_set})
     kept, lost = first.submit(build({"prompt": "a", **SMALL, "seed": 1}), "tiny"), first.submit(
         build({"prompt": "b", **SMALL, "seed": 2}), "gone")
-    first._db.close()
+    first.store._db.close()
     done = settings_of(build({"prompt": "c", **SMALL, "seed": 3})) | {"model": "gone"}
     rows(data, ("00000000000000b1", time.time(), "cancelled", json.dumps(done), None, None),
          ("00000000000000b2", time.time(), "queued", json.dumps(done | {"model": 7}), None, None))

@@ -19,7 +19,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from test_server import call, running
 
 from anima_rknn.bench.metrics import difference_map, psnr, ssim
-from anima_rknn.server.jobs import FINISHED
+from anima_rknn.server.store import FINISHED
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")  # Debian's, from apt
 CACHED = {"width": 64, "height": 64, "steps": 12, "cache": "spectrum"}  # spectrum skips 4 of 12 steps

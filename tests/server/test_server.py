@@ -21,8 +21,8 @@ import uvicorn
 from PIL import Image
 
 from anima_rknn.server.app import build_app
+from anima_rknn.server.job_queue import JobQueue
 from anima_rknn.server.runtime import Server
-from anima_rknn.server.jobs import JobQueue
 
 webuiapi = pytest.importorskip("webuiapi")
 openai = pytest.importorskip("openai")
@@ -271,7 +271,7 @@ def test_bad_requests_get_a_4xx_with_one_line(server, path, body, code, pattern)
     assert got == code, answer
     message = error_message(path, answer)
     assert pattern in message and "\n" not in message and "Traceback" not in message
-    assert len(queue.recent(10_000)) == before and not list(queue.inputs.iterdir())
+    assert len(queue.recent(10_000)) == before and not list(queue.uploads.folder.iterdir())
 
 
 def error_message(path: str, answer: dict) -> str:

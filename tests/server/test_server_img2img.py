@@ -36,7 +36,7 @@ from test_server import (
 
 from anima_rknn.generation.params import build
 from anima_rknn.generation.pipeline import AnimaPipeline
-from anima_rknn.server.jobs import JobQueue
+from anima_rknn.server.job_queue import JobQueue
 from anima_rknn.server.requests import MAX_IMAGE_BODY_BYTES
 
 webuiapi = pytest.importorskip("webuiapi")
@@ -168,7 +168,7 @@ def test_progress_counts_the_steps_an_img2img_job_runs(server, monkeypatch):
     """steps 8 at strength 0.5 run 4: /progress says 4 sampling steps and reaches 1.0 on the last."""
     url, queue = server
     last, release = threading.Event(), threading.Event()
-    original = queue._on_step
+    original = queue.worker.on_step
 
     def on_step(job, event):
         original(job, event)
@@ -176,7 +176,7 @@ def test_progress_counts_the_steps_an_img2img_job_runs(server, monkeypatch):
             last.set()
             release.wait(30)
 
-    monkeypatch.setattr(queue, "_on_step", on_step)
+    monkeypatch.setattr(queue.worker, "on_step", on_step)
     code, job = call(f"{url}/api/jobs", {"prompt": "x", "init_image": b64(png(noise_image())), "steps": 8,
                                          "denoising_strength": 0.5, "seed": 2})
     assert code == 200 and job["steps"] == 4, job
@@ -273,7 +273,7 @@ def test_native_api_takes_base64_images_and_the_images_size(server):
     # the job is recent, for a compare with its baseline.
     finished = queue.get(job["id"]).params
     assert finished.init_image.data is None and finished.mask.data is None
-    assert (queue.inputs / f"{job['params']['init_image']['sha256']}.img").is_file()
+    assert (queue.uploads.folder / f"{job['params']['init_image']['sha256']}.img").is_file()
 
 
 def test_a_finished_cached_img2img_job_compares_with_its_uncached_twin(server):
@@ -379,11 +379,11 @@ def test_a_queued_img2img_job_survives_a_restart(tiny_set, tmp_path, server):
     data_dir = tmp_path / "data"
     first = JobQueue(AnimaPipeline(tiny_set), data_dir)  # never started: the server died before running it
     kept, lost = first.submit(_img2img_params(9)), first.submit(_img2img_params(10, mask=None))
-    assert sorted(p.name for p in first.inputs.iterdir()) == sorted(
+    assert sorted(p.name for p in first.uploads.folder.iterdir()) == sorted(
         f"{hashlib.sha256(data).hexdigest()}.img" for data in (PNG, MASK))
-    first._db.close()
+    first.store._db.close()
     # The mask's file goes missing: its job cannot run (and says why), the plain img2img one can.
-    (first.inputs / f"{hashlib.sha256(MASK).hexdigest()}.img").unlink()
+    (first.uploads.folder / f"{hashlib.sha256(MASK).hexdigest()}.img").unlink()
     second = JobQueue(AnimaPipeline(tiny_set), data_dir)
     failed = second.get(kept.id)
     assert failed.state == "failed" and "mask" in failed.error and "gone from the server's inputs folder" in \
@@ -396,7 +396,7 @@ def test_a_queued_img2img_job_survives_a_restart(tiny_set, tmp_path, server):
     finally:
         second.close()
     # Only what a compare of the recent completed job needs is left (the failed job's image went with it).
-    assert [p.name for p in second.inputs.iterdir()] == [f"{hashlib.sha256(PNG).hexdigest()}.img"]
+    assert [p.name for p in second.uploads.folder.iterdir()] == [f"{hashlib.sha256(PNG).hexdigest()}.img"]
     # The same job on the module's server: the same picture.
     reference = reference_queue.submit(_img2img_params(10, mask=None))
     assert reference.done.wait(120) and reference.state == "completed"

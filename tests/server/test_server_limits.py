@@ -9,22 +9,25 @@ import io
 import os
 import socket
 import sys
+import threading
 import time
-from pathlib import Path
+import urllib.request
 from urllib.parse import urlsplit
 
 import pytest
 from PIL import Image
-from test_server import IMG2IMG, PNG, SMALL, b64, call, running
+from test_server import IMG2IMG, PNG, SMALL, b64, call, noise_image, png, running
 
 from anima_rknn.errors import AnimaError
+from anima_rknn.generation.images import ImageInput
 from anima_rknn.generation.params import build
 from anima_rknn.generation.pipeline import AnimaPipeline
-from anima_rknn.server.jobs import INPUTS, JobQueue
-from anima_rknn.server.requests import MAX_LARGE_BODIES
+from anima_rknn.server.job_queue import JobQueue
+from anima_rknn.server.requests import MAX_BODY_BYTES, MAX_LARGE_BODIES
+from anima_rknn.server.uploads import INPUTS
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "core"))
-from test_full_disk import fill, small_disk  # noqa: E402
+from test_full_disk import fill, small_disk
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +95,8 @@ def test_inputs_replaced_by_a_link_while_serving_are_not_emptied_through_it(pipe
     theirs.mkdir()
     (theirs / "keep.img").write_text("mine")
     queue = JobQueue(pipeline, tmp_path / "data")
-    (queue.inputs).rmdir()
-    queue.inputs.symlink_to(theirs)
+    (queue.uploads.folder).rmdir()
+    queue.uploads.folder.symlink_to(theirs)
     queue._remove_unused_inputs()  # what every finished job with an upload runs
     assert (theirs / "keep.img").read_text() == "mine"
     with running(queue) as address:
@@ -156,9 +159,9 @@ def test_a_server_killed_mid_png_leaves_no_partial_png_and_the_job_finishes_afte
     data = tmp_path / "data"
     queue = JobQueue(pipeline, data)
     job = queue.submit(build({"prompt": "a cat", **SMALL, "seed": 3}))
-    queue._db.execute("UPDATE jobs SET state = 'generating' WHERE id = ?", (job.id,))
-    queue._db.commit()
-    queue._db.close()
+    queue.store._db.execute("UPDATE jobs SET state = 'generating' WHERE id = ?", (job.id,))
+    queue.store._db.commit()
+    queue.store._db.close()
     half = data / f".{job.id}.png.k1ll3d00.part"
     half.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 100)  # cut off mid-write
     restarted = JobQueue(pipeline, data)
@@ -172,3 +175,35 @@ def test_a_server_killed_mid_png_leaves_no_partial_png_and_the_job_finishes_afte
         assert Image.open(io.BytesIO(restarted.read_image(restarted.get(job.id)))).size == (64, 64)
     finally:
         restarted.close()
+
+
+def test_progress_answers_while_a_large_bodys_picture_is_decoded(url, monkeypatch):
+    """The base64 and sha256 of an upload run off the event loop (issue 46): an img2img whose picture's decode is
+    held inside ImageInput.from_bytes (the real one runs, after the test has looked) leaves /progress answering.
+    Decoded on the loop, /progress would wait for the decode and the test would fail."""
+    large = png(noise_image(1024, 1024))  # a body over requests.MAX_BODY_BYTES: the large bodies' path
+    assert len(b64(large)) > MAX_BODY_BYTES
+    inside, release = threading.Event(), threading.Event()
+    from_bytes = ImageInput.from_bytes.__func__
+
+    def held(cls, data, name="upload"):
+        if len(data) == len(large):
+            inside.set()
+            release.wait(30)
+        return from_bytes(cls, data, name)
+
+    monkeypatch.setattr(ImageInput, "from_bytes", classmethod(held))
+    answers = []
+    sender = threading.Thread(target=lambda: answers.append(call(f"{url}/sdapi/v1/img2img", {
+        **IMG2IMG, "init_images": [b64(large)], "steps": 1})))
+    sender.start()
+    try:
+        assert inside.wait(60)
+        started = time.monotonic()
+        with urllib.request.urlopen(f"{url}/sdapi/v1/progress", timeout=10) as response:
+            assert response.status == 200
+        assert time.monotonic() - started < 5
+    finally:
+        release.set()
+        sender.join(120)
+    assert answers and answers[0][0] == 200, answers

@@ -19,7 +19,7 @@ from PIL import Image
 from test_server import SMALL, call, running
 
 from anima_rknn.generation.pipeline import AnimaPipeline
-from anima_rknn.server.jobs import JobQueue
+from anima_rknn.server.job_queue import JobQueue
 from anima_rknn.server.requests import MAX_BODY_BYTES, MAX_IMAGE_BODY_BYTES
 
 webuiapi = pytest.importorskip("webuiapi")
