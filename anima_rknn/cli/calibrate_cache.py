@@ -42,8 +42,9 @@ MAX_PROMPTS_BYTES, MAX_SEEDS = 1 << 20, 16
               help="Prompts (the file's last) the fit is checked on, never fitted on.")
 @click.option("--seeds", default="1", show_default=True, help=f"Seeds of each prompt, e.g. 1-3 (at most {MAX_SEEDS}).")
 @click.option("--fit", "fit", type=click.Choice(FITS), default="all", show_default=True,
-              help="all: every number, the plan's and the flag's choices by image quality too (about twice the "
-                   "runs); curves: the three regressions, the choices kept as made on the demo model.")
+              help="all: every number, the plan's and the flag's choices by image quality too (1.3-1.8x the "
+                   "model calls, each run's image decoded); curves: the three regressions, the choices kept as "
+                   "made on the demo model.")
 @click.option("--flag-psnr", type=click.FloatRange(1, 99), default=LOW_PSNR, show_default=True,
               help="With --fit all: a cached image under this PSNR (dB) against its uncached one is one the flag "
                    "should catch.")
