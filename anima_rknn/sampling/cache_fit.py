@@ -1,5 +1,5 @@
-"""A model's cache numbers: the constants `auto` fits to one model's trajectories (its flag's typical miss, its
-check's typical partial-pass miss, its plan's growth and gain), read from a small JSON file that travels with the
+"""A model's cache numbers: the constants `auto` fits to one model's runs (its flag's typical miss and threshold,
+its check's typical partial-pass miss, its plan's growth and gain), read from a small JSON file that travels with the
 model set, next to the DiT: `<dit name>.cache-fit.json`. `anima-rknn calibrate-cache` writes one for any model;
 the demo model ships its own. A model without one runs `auto` in tolerance mode only (caches.make_cache refuses
 budget, check and verify there). The story of each number: docs/research/auto-cache-constants.md.
@@ -34,7 +34,9 @@ class CacheFit:
     plan_gain: float  # budget plan: an error's growth to the image, 1 + gain at sigma 1 ...
     plan_sigma: float  # ... ramping up linearly from 1 at this sigma
     fitted_on: str  # what it was fitted on (model, prompts, steps)
-    fit_error: dict[str, float]  # residual sd (natural log) of each regression: typical_miss, typical_probe_miss
+    # residual sd (natural log) of each regression (fit prompts; _held_out: held-out ones); flag_score: sd of its ln
+    # over bootstrap resamples; plan_psnr_se: dB (docs/calibrate-cache.md)
+    fit_error: dict[str, float]
     dit: str | None = None  # fingerprint of the DiT file it was fitted on (core.tensorfile.fingerprint)
 
     def to_json(self) -> dict[str, Any]:
