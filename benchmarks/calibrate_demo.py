@@ -11,13 +11,20 @@ units of its bootstrap sd (ln), and both flags (each with its own typical_miss) 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import time
 from pathlib import Path
 
 import torch
 
-from anima_rknn.bench.cache_choices import LOW_PSNR, flag_counts
+from anima_rknn.bench.cache_choices import (
+    FLAG_RECALL,
+    FLAG_SIGMAS,
+    LOW_PSNR,
+    flag_counts,
+)
 from anima_rknn.bench.calibrate import calibrate, curve_distance
 from anima_rknn.demo import demo_model_dir
 from anima_rknn.demo.dataset import IMAGE_SIZE
@@ -59,9 +66,17 @@ def main() -> None:
         gap = abs(math.log(new.flag_score / shipped.flag_score))
         print(f"| flag_score | {shipped.flag_score} | {new.flag_score} | {gap:.2f} (ln) | {2 * spread:.2f} (2 "
               f"bootstrap sd, ln) | {'yes' if gap <= 2 * spread else 'no'} |")
-        print(f"| flag_sigma | {shipped.flag_sigma} | {new.flag_sigma} | | grid 0.2-1 | "
-              f"{'yes' if new.flag_sigma == shipped.flag_sigma else 'no'} |")
+        gap, spread = abs(new.flag_sigma - shipped.flag_sigma), made.flag.sigma_spread
+        print(f"| flag_sigma | {shipped.flag_sigma} | {new.flag_sigma} | {gap:.2f} | {2 * spread:.2f} (2 bootstrap "
+              f"sd) | {'yes' if gap <= 2 * spread else 'no'} |")
         print(f"\nplan: {plan.describe()}")
+        for flag_sigma in FLAG_SIGMAS:  # each flag_sigma at its own 80 %-recall threshold, the new typical_miss
+            scores = sorted((r.score(new.typical_miss, flag_sigma) for r in made.fit_runs if r.psnr < LOW_PSNR),
+                            reverse=True)
+            threshold = scores[math.ceil(FLAG_RECALL * len(scores)) - 1]
+            counts = flag_counts(made.fit_runs, new.typical_miss, flag_sigma, threshold, LOW_PSNR)
+            print(f"flag_sigma {flag_sigma}: threshold {threshold:.3f}, precision "
+                  f"{counts.caught / max(counts.flagged, 1):.3f} ({counts.describe()})")
         for label, fit in (("shipped", shipped), ("new", new)):
             for runs, where in ((made.fit_runs, "fit runs"), (made.held_runs, "held-out runs")):
                 counts = flag_counts(runs, fit.typical_miss, fit.flag_sigma, fit.flag_score, LOW_PSNR)
@@ -70,6 +85,9 @@ def main() -> None:
     print(f"fit_error: {new.fit_error}")
     if args.out is not None:
         write_fit(args.out, new, overwrite=True)
+        args.out.with_suffix(".runs.json").write_text(json.dumps(  # the runs, to choose again without running
+            {"fit": [dataclasses.asdict(r) for r in made.fit_runs],
+             "held_out": [dataclasses.asdict(r) for r in made.held_runs]}))
 
 
 if __name__ == "__main__":

@@ -138,6 +138,7 @@ class FlagChoice:
     flag_sigma: float
     flag_score: float
     spread: float  # sd of ln flag_score over bootstrap resamples of the fit runs: its fit error
+    sigma_spread: float  # sd of the flag_sigma chosen over those resamples: its fit error
     counts: FlagCounts
 
 
@@ -147,29 +148,46 @@ def _threshold(scores: np.ndarray, low: np.ndarray) -> float:
     return float(ranked[math.ceil(FLAG_RECALL * len(ranked)) - 1]) if len(ranked) else math.nan
 
 
-def _spread(scores: np.ndarray, low: np.ndarray, resamples: int = 200) -> float:
-    draws = np.random.default_rng(0)
-    picks = (draws.integers(0, len(scores), len(scores)) for _ in range(resamples))
-    logs = [math.log(t) for pick in picks if math.isfinite(t := _threshold(scores[pick], low[pick])) and t > 0]
-    return float(np.std(logs)) if len(logs) > 1 else 100.0
-
-
-def choose_flag(runs: Sequence[Run], typical_miss: tuple[float, ...], low_psnr: float) -> FlagChoice | None:
-    """At each flag_sigma of the grid, the highest threshold that flags FLAG_RECALL of the runs under `low_psnr`;
-    the flag_sigma of the best precision there (then the most caught, then the research's). None: no run is under
-    `low_psnr`, or none of those has a score."""
-    low = np.array([run.psnr < low_psnr for run in runs], dtype=bool)
-    choices = []
-    for flag_sigma in FLAG_SIGMAS if low.any() else ():
-        scores = np.array([run.score(typical_miss, flag_sigma) for run in runs])
-        threshold = _threshold(scores, low)
+def _choice(scores: np.ndarray, low: np.ndarray) -> tuple[int, float] | None:
+    """(index in FLAG_SIGMAS, threshold) from the runs' scores ([flag_sigma, run]) and which runs are low."""
+    best = None
+    for index, flag_sigma in enumerate(FLAG_SIGMAS):
+        threshold = _threshold(scores[index], low)
         if not (math.isfinite(threshold) and threshold > 0):
             continue
         threshold = math.floor(threshold * 1e4) / 1e4  # as written, and still flagging the run that set it
-        counts = flag_counts(runs, typical_miss, flag_sigma, threshold, low_psnr)
-        choices.append((counts.caught / max(counts.flagged, 1), counts.caught, -abs(flag_sigma - RESEARCH_FLAG_SIGMA),
-                        FlagChoice(flag_sigma, threshold, min(100.0, _spread(scores, low)), counts)))
-    return max(choices, key=lambda c: c[:3])[3] if choices else None
+        flagged = scores[index] >= threshold
+        caught = int((flagged & low).sum())
+        key = (caught / max(int(flagged.sum()), 1), caught, -abs(flag_sigma - RESEARCH_FLAG_SIGMA))
+        if best is None or key > best[0]:
+            best = key, index, threshold
+    return None if best is None else best[1:]
+
+
+def choose_flag(runs: Sequence[Run], typical_miss: tuple[float, ...], low_psnr: float,
+                resamples: int = 200) -> FlagChoice | None:
+    """At each flag_sigma of the grid, the highest threshold that flags FLAG_RECALL of the runs under `low_psnr`;
+    the flag_sigma of the best precision there (then the most caught, then the research's). Its fit error: the
+    spread of the choice over bootstrap resamples of the runs. None: no run is under `low_psnr`, or none of those
+    has a score."""
+    low = np.array([run.psnr < low_psnr for run in runs], dtype=bool)
+    scores = np.array([[run.score(typical_miss, flag_sigma) for run in runs] for flag_sigma in FLAG_SIGMAS])
+    chosen = _choice(scores, low) if low.any() else None
+    if chosen is None:
+        return None
+    index, threshold = chosen
+    draws, sigmas, logs = np.random.default_rng(0), [], []
+    for _ in range(resamples):
+        pick = draws.integers(0, len(runs), len(runs))
+        again = _choice(scores[:, pick], low[pick])
+        if again is not None:
+            sigmas.append(FLAG_SIGMAS[again[0]])
+        if math.isfinite(t := _threshold(scores[index, pick], low[pick])) and t > 0:
+            logs.append(math.log(t))
+    spread = float(np.std(logs)) if len(logs) > 1 else 100.0
+    sigma_spread = float(np.std(sigmas)) if len(sigmas) > 1 else 1.0
+    return FlagChoice(FLAG_SIGMAS[index], threshold, min(spread, 100.0), sigma_spread,
+                      flag_counts(runs, typical_miss, FLAG_SIGMAS[index], threshold, low_psnr))
 
 
 def unflagging(runs: Sequence[Run], typical_miss: tuple[float, ...]) -> FlagChoice:
@@ -177,4 +195,5 @@ def unflagging(runs: Sequence[Run], typical_miss: tuple[float, ...]) -> FlagChoi
     fit run's score (it flags none of them, all of which were fine)."""
     top = max((run.score(typical_miss, RESEARCH_FLAG_SIGMA) for run in runs), default=-math.inf)
     top = top if math.isfinite(top) and top > 0 else 1.0
-    return FlagChoice(RESEARCH_FLAG_SIGMA, math.ceil(top * 1.001 * 1e4) / 1e4, 100.0, FlagCounts(len(runs), 0, 0, 0))
+    return FlagChoice(RESEARCH_FLAG_SIGMA, math.ceil(top * 1.001 * 1e4) / 1e4, 100.0, 1.0,
+                      FlagCounts(len(runs), 0, 0, 0))

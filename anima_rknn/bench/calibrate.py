@@ -378,7 +378,8 @@ def calibrate(pipeline: AnimaPipeline, base: GenerationParams, prompts: Sequence
     chosen = CHOSEN if flag is None else {"flag_sigma": flag.flag_sigma, "flag_score": flag.flag_score,
                                           "plan_gain": plan_choice.plan[0], "plan_sigma": plan_choice.plan[1]}
     if flag is not None:
-        errors.update(flag_score=round(flag.spread, 4), plan_psnr_se=round(min(plan_choice.se, 100.0), 4))
+        errors.update(flag_score=round(flag.spread, 4), flag_sigma=round(flag.sigma_spread, 4),
+                      plan_psnr_se=round(min(plan_choice.se, 100.0), 4))
     check = HeldOut(None if flag is None else flag_counts(held_runs, typical, flag.flag_sigma, flag.flag_score,
                                                           low_psnr),
                     sum(len(r.computed) == r.budget for r in held_runs), len(held_runs),
@@ -419,8 +420,8 @@ def _notes(pipeline: AnimaPipeline, base: GenerationParams, fit_prompts: int, se
            if flag.counts.low else f"no fit run fell under {low_psnr:g} dB: flag_score just above every fit run's "
            "score (it flags none of them)")
     return (f"{notes}; plan_gain and plan_sigma chosen by mean PSNR against the uncached images at budgets "
-            f"{plan_budgets(base.steps)}: {plan.describe()}; {how}; fit_error flag_score: sd of its ln over bootstrap "
-            f"resamples of the fit runs, plan_psnr_se: dB; held out: {check.describe()}")
+            f"{plan_budgets(base.steps)}: {plan.describe()}; {how}; fit_error flag_score, flag_sigma: sd of its ln, of "
+            f"it, over bootstrap resamples of the fit runs; plan_psnr_se: dB; held out: {check.describe()}")
 
 
 CURVE_GRID = [(float(sigma), d) for sigma in np.linspace(0.1, 0.8, 8) for d in DISTANCES]
