@@ -98,17 +98,19 @@ class _Progress:
     def hooks(self) -> Progress:
         return Progress(self.on_step, self.on_run, self.on_work)
 
-    def _estimate(self, what: str) -> None:
-        if self.calls:
-            left = (time.perf_counter() - self.began) / self.calls * max(0, self.work.calls - self.calls)
-            tqdm.write(f"estimate{what}: about {left / 60:.1f} min for the {max(0, self.work.runs - self.runs)} runs "
-                       f"({max(0, self.work.calls - self.calls)} model calls) left", file=sys.stderr)
+    def _estimate(self, what: str, runs: int, calls: int) -> None:
+        """Say the time left, `runs` runs of `calls` model calls having finished."""
+        if calls:
+            left = (time.perf_counter() - self.began) / calls * max(0, self.work.calls - calls)
+            shown = f"{left / 60:.1f} min" if left >= 60 else f"{left:.0f} s"
+            tqdm.write(f"estimate{what}: about {shown} for the {max(0, self.work.runs - runs)} runs "
+                       f"({max(0, self.work.calls - calls)} model calls) left", file=sys.stderr)
 
     def on_run(self, calls: int) -> None:
         self.runs, self.calls, self.current = self.runs + 1, self.calls + self.current, calls
         self.bar.set_description(f"run {self.runs}/{self.work.runs}")
         if self.runs == 2:
-            self._estimate("")
+            self._estimate("", 1, self.calls)
 
     def on_step(self, event: StepEvent) -> None:
         self.bar.update((self.runs - 1) * self.steps + event.step - self.bar.n)
@@ -118,7 +120,7 @@ class _Progress:
             self.work = work
             self.bar.total = work.runs * self.steps
             self.bar.refresh()
-            self._estimate(" (counted again with this model's fit)")
+            self._estimate(" (counted again with this model's fit)", self.runs, self.calls + self.current)
 
 
 def _report(target: Path, calibration: Calibration) -> None:
