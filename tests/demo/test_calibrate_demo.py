@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from anima_rknn.bench.calibrate import calibrate, curve_distance
+from anima_rknn.bench.cache_curves import curve_distance
+from anima_rknn.bench.calibrate import calibrate
 from anima_rknn.demo import demo_model_dir
 from anima_rknn.demo.dataset import IMAGE_SIZE
 from anima_rknn.demo.evaluate import prompt_set
