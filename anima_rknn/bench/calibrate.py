@@ -1,4 +1,4 @@
-"""`anima-rknn calibrate-cache`: fit a model's cache numbers (sampling.cache_fit) from uncached runs.
+"""`anima-rknn calibrate-cache`: fit a model's cache numbers (sampling.cache_fit) from uncached and cached runs.
 
 First every prompt runs uncached; a recording policy (the cache seam alone, plus the check capability for the
 first block's tokens) keeps each call's sigma, latent, x0 and first-block tokens. From those trajectories, for
@@ -12,9 +12,12 @@ measure (each computed call's, against the forecast from the two computed before
 last) give what the flag compares a run with, as it was first fitted (cached runs are off the uncached path):
   - typical_miss (the flag): ln miss = a + b ln d + c sigma + e sigma ln d.
 Each is least squares over the fit prompts; its residual sd (natural log) there and on the held-out prompts is
-written into fit_error. flag_sigma, flag_score, plan_gain and plan_sigma are choices made by image-quality sweeps
-of cached runs (docs/research/auto-cache-constants.md): they are in units of the fitted numbers, are kept as chosen
-on the demo model, and the file says so in fitted_on.
+written into fit_error. With fit "all" (the default), flag_sigma, flag_score, plan_gain and plan_sigma are chosen
+too, by the image-quality criteria of docs/research/auto-cache-constants.md (bench.cache_choices): before the
+budgets' runs, the fit prompts run at two budgets under each plan pair of a small grid (pairs that place the calls
+alike are one run), each image's PSNR against its uncached one; the flag's two from the budgets' runs. With fit
+"curves" those four are kept as chosen on the demo model, and the file says so in fitted_on. A run is fixed by the
+calls it computes, so one that two phases ask for runs once.
 """
 
 from __future__ import annotations
@@ -23,133 +26,44 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from ..core.tensorfile import fingerprint
+from ..engine.vae_plan import DecodePlan
 from ..errors import AnimaError
 from ..generation.params import GenerationParams, uncached
 from ..generation.pipeline import AnimaPipeline
-from ..sampling.auto_cache import AutoCache, forecast_x0, probe_miss
+from ..generation.result import Conditioning
+from ..sampling.auto_cache import AutoCache
 from ..sampling.cache_fit import CacheFit
-from ..sampling.cache_seam import Probe
-from ..sampling.caches import NoCache
 from ..sampling.sample import StepCallback
+from ..sampling.samplers import SAMPLERS, call_sigmas
+from .cache_choices import (
+    LOW_PSNR,
+    RESEARCH_PLAN,
+    FlagChoice,
+    FlagCounts,
+    PlanChoice,
+    Run,
+    choose_flag,
+    choose_plan,
+    flag_counts,
+    plan_candidates,
+    planned_calls,
+    unflagging,
+    with_plan,
+)
+from .cache_curves import Recorder, Rows, fit_rows, measured, replay, residual_sd
+from .metrics import psnr
 
-DISTANCES = (1, 2, 3, 4)
 MIN_FIT_PROMPTS, MIN_HELD_OUT = 2, 1
-# The choices (not fits) kept from the demo model's quality sweeps (docs/research/auto-cache-constants.md).
+FITS = ("all", "curves")  # what calibrate() fits: every number, or the three regressions alone (module docstring)
+# What fit "curves" keeps: the choices of the demo model's quality sweeps (docs/research/auto-cache-constants.md).
 CHOSEN = {"flag_sigma": 0.8, "flag_score": 1.3, "plan_gain": 1.0, "plan_sigma": 0.8}
-
-
-@dataclass
-class Call:
-    sigma: float
-    x: np.ndarray  # the latent the model was asked about (flat float32)
-    x0: np.ndarray  # the model's x0 (flat float32)
-    tokens: np.ndarray  # the first block's output of the positive prompt's pass (flat float32)
-
-
-class Recorder(NoCache):
-    """A step cache that computes every call and keeps it (the seam, as NoCache, and the check capability,
-    ChecksForecasts, for the first block's tokens)."""
-
-    name = "record"
-    check = True
-
-    def __init__(self, num_steps: int) -> None:
-        super().__init__(num_steps)
-        self.calls: list[Call] = []
-        self._sigmas: list[float] = []
-        self._probe: Probe | None = None
-
-    def attach_probe(self, probe: Probe) -> None:
-        self._probe = probe
-
-    def set_sigmas(self, sigmas: np.ndarray, fresh_noise: bool = False) -> None:
-        self._sigmas = [float(s) for s in sigmas]
-
-    def record(self, x: np.ndarray, x0: np.ndarray) -> None:
-        super().record(x, x0)
-        tokens = self._probe.last()
-        self.calls.append(Call(self._sigmas[len(self.calls)], np.asarray(x, np.float32).ravel().copy(),
-                               np.asarray(x0, np.float32).ravel().copy(), np.asarray(tokens, np.float32).ravel().copy()))
-
-    def restore(self, state: dict[str, Any]) -> None:
-        raise AnimaError("a calibration run is not resumed: run calibrate-cache again")
-
-
-@dataclass
-class Rows:
-    """The replayed misses of some trajectories: (sigma, d, miss) of the x0 forecast and of the tokens' line,
-    and (sigma, d, miss at d over miss at 1) for the growth."""
-
-    x0: list[tuple[float, int, float]] = field(default_factory=list)  # measured in cached runs
-    tokens: list[tuple[float, int, float]] = field(default_factory=list)
-    growth: list[tuple[float, int, float]] = field(default_factory=list)
-
-
-def _eps(call: Call) -> np.ndarray:
-    """The noise the call's x0 implies, as auto keeps it (float32)."""
-    return ((call.x.astype(np.float64) - (1.0 - call.sigma) * call.x0) / call.sigma).astype(np.float32)
-
-
-def replay(calls: Sequence[Call], rows: Rows) -> None:
-    """Add one trajectory's misses to `rows` (finite, positive misses only: a log needs them)."""
-    eps = [_eps(c) for c in calls]
-    for k in range(2, len(calls)):
-        call, first = calls[k], None
-        for d in DISTANCES:
-            if k - d - 1 < 0:
-                break
-            a, b = k - d, k - d - 1
-            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-                predicted = forecast_x0(call.sigma, call.x, (calls[a].sigma, calls[a].x0, eps[a]),
-                                        (calls[b].sigma, calls[b].x0, eps[b]))
-                miss = float(np.linalg.norm(predicted - call.x0) / np.linalg.norm(call.x0.astype(np.float64)))
-            token_miss = probe_miss(call.tokens, call.sigma, (calls[a].sigma, calls[a].tokens),
-                                    (calls[b].sigma, calls[b].tokens))
-            if math.isfinite(miss) and miss > 0:
-                first = miss if d == 1 else first
-                if d > 1 and first is not None:
-                    rows.growth.append((call.sigma, d, miss / first))
-            if math.isfinite(token_miss) and token_miss > 0:
-                rows.tokens.append((call.sigma, d, token_miss))
-
-
-def _design(kind: str, sigma: np.ndarray, log_d: np.ndarray) -> np.ndarray:
-    if kind == "x0":  # a + b ln d + c sigma + e sigma ln d
-        return np.stack([np.ones_like(sigma), log_d, sigma, sigma * log_d], 1)
-    if kind == "tokens":  # a + b sigma + (c + e sigma) ln d
-        return np.stack([np.ones_like(sigma), sigma, log_d, sigma * log_d], 1)
-    return np.stack([log_d, sigma * log_d], 1)  # growth: (g0 + g1 sigma) ln d
-
-
-def _columns(rows: list[tuple[float, int, float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    r = np.array(rows, dtype=np.float64).reshape(-1, 3)
-    return r[:, 0], np.log(r[:, 1]), np.log(r[:, 2])
-
-
-def fit_rows(kind: str, rows: list[tuple[float, int, float]]) -> np.ndarray:
-    sigma, log_d, target = _columns(rows)
-    design = _design(kind, sigma, log_d)
-    if len(target) < 2 * design.shape[1] or np.linalg.matrix_rank(design) < design.shape[1]:
-        raise AnimaError(f"too few calls to fit the cache numbers ({len(target)} misses of the {kind} forecast): "
-                         "give more prompts or more steps")
-    return np.linalg.lstsq(design, target, rcond=None)[0]
-
-
-def residual_sd(kind: str, coef: np.ndarray, rows: list[tuple[float, int, float]]) -> float:
-    sigma, log_d, target = _columns(rows)
-    return float(np.sqrt(np.mean((target - _design(kind, sigma, log_d) @ coef) ** 2)))
-
-
-@dataclass
-class Calibration:
-    fit: CacheFit
-    runs: int
-    calls: int
+# Only to count the runs before this model's growth is fitted (the demo model's; counted again once fitted).
+GUESSED_GROWTH = (0.5, 1.2)
 
 
 def split_prompts(prompts: Sequence[str], held_out: int) -> tuple[list[str], list[str]]:
@@ -162,56 +76,212 @@ def split_prompts(prompts: Sequence[str], held_out: int) -> tuple[list[str], lis
     return prompts[:-held_out], prompts[-held_out:]
 
 
+def _shares(steps: int, shares: Sequence[float]) -> list[int]:
+    return sorted({min(steps - 1, max(3, round(steps * share))) for share in shares})
+
+
 def budgets(steps: int) -> list[int]:
     """The budgets the flag's misses are measured at: 30-80 % of the steps (6-16 of 20, as first fitted)."""
-    return sorted({min(steps - 1, max(3, round(steps * share))) for share in (0.3, 0.4, 0.5, 0.6, 0.8)})
+    return _shares(steps, (0.3, 0.4, 0.5, 0.6, 0.8))
 
 
-def measured(cache: AutoCache, rows: Rows) -> None:
-    """A finished auto run's measured misses, as its flag scores them: (sigma, distance from the computed call
-    before, miss)."""
-    computed, errors, sigmas = cache.computed_steps, cache.measured_errors, cache.sigmas
-    for before, step, error in zip(computed, computed[1:], errors[1:]):
-        if error is not None and error > 0:
-            rows.x0.append((sigmas[step - 1], step - before, error))
+def plan_budgets(steps: int) -> list[int]:
+    """The budgets the plan's pairs are compared at: 40 and 50 % of the steps (8 and 10 of 20, as on the demo)."""
+    return _shares(steps, (0.4, 0.5))
+
+
+def cache_sigmas(params: GenerationParams) -> tuple[float, ...]:
+    """What a step cache of a run of `params` plans over: every model call's sigma, and the last."""
+    sigmas = params.passes()[-1].sigmas
+    return (*call_sigmas(SAMPLERS[params.sampler], sigmas), float(sigmas[-1]))
+
+
+def planning_fit(growth: Sequence[float], plan: tuple[float, float] = RESEARCH_PLAN,
+                 probe: Sequence[float] = (0.0,) * 4) -> CacheFit:
+    """A fit to plan runs with before the flag's numbers are fitted (they do not steer a plan)."""
+    return CacheFit(typical_miss=(0.0,) * 4, typical_probe_miss=tuple(probe), plan_growth=tuple(growth),
+                    **{**CHOSEN, "plan_gain": plan[0], "plan_sigma": plan[1]}, fitted_on="", fit_error={})
+
+
+@dataclass(frozen=True)
+class Work:
+    runs: int
+    calls: int  # model calls
+
+
+def planned_work(params: GenerationParams, fit_jobs: int, held_jobs: int, choices: bool,
+                 growth: Sequence[float] = GUESSED_GROWTH, plan: tuple[float, float] = RESEARCH_PLAN) -> Work:
+    """The runs calibrate() makes (each job's uncached one, and its distinct cached ones) and their model calls,
+    the budgets planned with `growth` and, for the budgets' runs, `plan`."""
+    sigmas, fit = cache_sigmas(params), planning_fit(growth, plan)
+    curve = {planned_calls(sigmas, budget, fit) for budget in budgets(params.steps)}
+    sweep = {planned_calls(sigmas, budget, with_plan(fit, pair)) for budget in plan_budgets(params.steps)
+             for pair in plan_candidates()} if choices else set()
+    jobs, calls = fit_jobs + held_jobs, len(sigmas) - 1
+    return Work(jobs + fit_jobs * len(curve | sweep) + held_jobs * len(curve),
+                jobs * calls + fit_jobs * sum(map(len, curve | sweep)) + held_jobs * sum(map(len, curve)))
+
+
+@dataclass
+class Progress:
+    """What calibrate() tells as it goes (each optional)."""
+
+    on_step: StepCallback | None = None
+    on_run: Callable[[int], None] | None = None  # before each run: the model calls it will make
+    on_work: Callable[[Work], None] | None = None  # the whole work, counted again as the numbers that plan are fitted
+
+
+@dataclass
+class Job:
+    """One prompt and seed: its settings, the rows it adds to, its uncached run's image, its cached runs."""
+
+    params: GenerationParams
+    rows: Rows
+    held_out: bool
+    conditioning: Conditioning | None = None
+    decode: DecodePlan | None = None
+    reference: Image.Image | None = None
+    runs: dict[tuple[int, ...], Run] = field(default_factory=dict)  # by the calls computed
+    measured: list[Run] = field(default_factory=list)  # the runs at the flag's budgets
+
+
+class Calibrator:
+    """The runs of one calibration (module docstring), counted as they are made."""
+
+    def __init__(self, pipeline: AnimaPipeline, images: bool, progress: Progress) -> None:
+        self.pipeline, self.images, self.progress = pipeline, images, progress
+        self.runs = self.calls = 0
+
+    def _started(self, calls: int) -> None:
+        self.runs += 1
+        if self.progress.on_run is not None:
+            self.progress.on_run(calls)
+
+    def _image(self, job: Job, latent: np.ndarray) -> Image.Image | None:
+        return self.pipeline.decode(latent, job.decode)[0] if self.images else None
+
+    def uncached(self, job: Job) -> None:
+        params = job.params
+        job.decode = self.pipeline.prepare(params)
+        job.conditioning = self.pipeline.encode(params.prompt, params.negative, params.dtype, params.loras,
+                                                params.lora_ignore_unmatched)
+        recorder = Recorder(params.model_calls())
+        self._started(params.model_calls())
+        done = self.pipeline.denoise(job.conditioning, params, on_step=self.progress.on_step, policy=recorder)
+        job.reference = self._image(job, done.sample.latent)
+        replay(recorder.calls, job.rows)
+        self.calls += len(recorder.calls)
+
+    def cached(self, job: Job, budget: int, fit: CacheFit) -> Run:
+        """The job's auto run at `budget` under `fit`'s plan, run once for every plan that computes its calls."""
+        params = job.params
+        planned = planned_calls(cache_sigmas(params), budget, fit)
+        if planned not in job.runs:
+            self._started(len(planned))
+            cache = AutoCache(params.model_calls(), budget=budget, fit=fit)
+            done = self.pipeline.denoise(job.conditioning, params, on_step=self.progress.on_step, policy=cache)
+            image = self._image(job, done.sample.latent)
+            job.runs[planned] = Run(tuple(cache.computed_steps), tuple(cache.measured_errors), tuple(cache.sigmas),
+                                    psnr(job.reference, image) if image is not None else math.nan, budget)
+            self.calls += len(cache.computed_steps)
+        return dataclasses.replace(job.runs[planned], budget=budget)
+
+
+@dataclass
+class HeldOut:
+    """The new numbers on the held-out prompts' runs at the flag's budgets."""
+
+    flag: FlagCounts | None  # None: the flag's numbers were not fitted
+    exact: int  # runs that computed the budget asked
+    runs: int
+    asked: int  # calls asked, over those runs
+    achieved: int  # calls computed
+
+    def describe(self) -> str:
+        plan = (f"the plan computed the asked budget in {self.exact} of {self.runs} runs ({self.achieved} calls of "
+                f"{self.asked} asked)")
+        return plan if self.flag is None else f"the flag {self.flag.describe()}; {plan}"
+
+
+@dataclass
+class Calibration:
+    fit: CacheFit
+    runs: int
+    calls: int
+    held_out: HeldOut
+    plan: PlanChoice | None = None
+    flag: FlagChoice | None = None
+    flag_fitted: bool = False  # False: no fit run fell under the PSNR threshold (the flag set to flag none of them)
+    fit_runs: list[Run] = field(default_factory=list)  # the runs at the flag's budgets, of the fit prompts
+    held_runs: list[Run] = field(default_factory=list)  # ... and of the held-out ones
 
 
 def calibrate(pipeline: AnimaPipeline, base: GenerationParams, prompts: Sequence[str], seeds: Sequence[int],
-              held_out: int, on_step: StepCallback | None = None,
-              on_run: Callable[[str, int], None] | None = None) -> Calibration:
-    """Fit the cache numbers of `pipeline`'s model on runs of `base` at each fit prompt and seed, and check them on
-    the held-out prompts (their residuals go into fit_error). on_run(prompt, seed) before each run."""
+              held_out: int, progress: Progress | None = None, fit: str = "all",
+              low_psnr: float = LOW_PSNR) -> Calibration:
+    """Fit the cache numbers of `pipeline`'s model on runs of `base` at each fit prompt and seed (`fit`: "all", or
+    "curves" to keep the four choices as chosen on the demo), and check them on the held-out prompts. `low_psnr`:
+    under it (dB against the uncached image), a cached image the flag should catch."""
     if base.hires or base.init_image is not None:
         raise AnimaError("calibrate-cache runs text to image in one pass: drop the hires fix and the init image")
+    if fit not in FITS:
+        raise AnimaError(f"unknown fit {fit!r}; choose one of {', '.join(FITS)}")
+    progress, choices = progress or Progress(), fit == "all"
     fit_prompts, check_prompts = split_prompts(prompts, held_out)
     base = uncached(base)
-    jobs = [(rows, dataclasses.replace(base, prompt=prompt, seed=seed)) for rows, group in
-            ((Rows(), fit_prompts), (Rows(), check_prompts)) for prompt in group for seed in seeds]
-    fitted, checked = jobs[0][0], jobs[-1][0]
-    conditionings, calls = [], 0
-    for rows, params in jobs:
-        if on_run is not None:
-            on_run(params.prompt, params.seed)
-        pipeline.prepare(params)
-        conditionings.append(pipeline.encode(params.prompt, params.negative, params.dtype, params.loras,
-                                             params.lora_ignore_unmatched))
-        recorder = Recorder(params.model_calls())
-        pipeline.denoise(conditionings[-1], params, on_step=on_step, policy=recorder)
-        replay(recorder.calls, rows)
-        calls += len(recorder.calls)
+    fitted, checked = Rows(), Rows()
+    jobs = [Job(dataclasses.replace(base, prompt=prompt, seed=seed), rows, rows is checked)
+            for rows, group in ((fitted, fit_prompts), (checked, check_prompts)) for prompt in group for seed in seeds]
+    fit_jobs = [job for job in jobs if not job.held_out]
+    calibrator = Calibrator(pipeline, choices, progress)
+    for job in jobs:
+        calibrator.uncached(job)
     coefs = {kind: fit_rows(kind, getattr(fitted, kind)) for kind in ("tokens", "growth")}
-    # the plan of the cached runs: the growth just fitted (the flag's numbers, still to fit, do not steer it)
-    planning = CacheFit(typical_miss=(0.0,) * 4, typical_probe_miss=tuple(coefs["tokens"]),
-                        plan_growth=tuple(coefs["growth"]), **CHOSEN, fitted_on="", fit_error={})
-    for (rows, params), conditioning in zip(jobs, conditionings):
-        for budget in budgets(params.steps):
-            if on_run is not None:
-                on_run(params.prompt, params.seed)
-            cache = AutoCache(params.model_calls(), budget=budget, fit=planning)
-            pipeline.denoise(conditioning, params, on_step=on_step, policy=cache)
-            measured(cache, rows)
-            calls += params.model_calls()
+    planning = planning_fit(coefs["growth"], probe=coefs["tokens"])
+
+    def recount(plan: tuple[float, float]) -> None:
+        if progress.on_work is not None:
+            progress.on_work(planned_work(base, len(fit_jobs), len(jobs) - len(fit_jobs), choices,
+                                          tuple(coefs["growth"]), plan))
+
+    recount(RESEARCH_PLAN)
+    plan_choice = None
+    if choices:
+        sweep = {pair: [calibrator.cached(job, budget, with_plan(planning, pair)).psnr
+                        for job in fit_jobs for budget in plan_budgets(base.steps)] for pair in plan_candidates()}
+        plan_choice = choose_plan(sweep)
+        planning = with_plan(planning, plan_choice.plan)
+        recount(plan_choice.plan)
+    for job in jobs:
+        for budget in budgets(base.steps):
+            job.measured.append(calibrator.cached(job, budget, planning))
+            measured(job.measured[-1], job.rows)
     coefs["x0"] = fit_rows("x0", fitted.x0)
+    typical = _rounded(coefs["x0"])
+    fit_runs = [run for job in fit_jobs for run in job.measured]
+    held_runs = [run for job in jobs if job.held_out for run in job.measured]
+    flag = (choose_flag(fit_runs, typical, low_psnr) or unflagging(fit_runs, typical)) if choices else None
+    errors = _errors(coefs, fitted, checked)
+    chosen = CHOSEN if flag is None else {"flag_sigma": flag.flag_sigma, "flag_score": flag.flag_score,
+                                          "plan_gain": plan_choice.plan[0], "plan_sigma": plan_choice.plan[1]}
+    if flag is not None:
+        errors.update(flag_score=round(flag.spread, 4), flag_sigma=round(flag.sigma_spread, 4),
+                      plan_psnr_se=round(min(plan_choice.se, 100.0), 4))
+    check = HeldOut(None if flag is None else flag_counts(held_runs, typical, flag.flag_sigma, flag.flag_score,
+                                                          low_psnr),
+                    sum(len(r.computed) == r.budget for r in held_runs), len(held_runs),
+                    sum(r.budget for r in held_runs), sum(len(r.computed) for r in held_runs))
+    notes = _notes(pipeline, base, len(fit_prompts), len(seeds), len(check_prompts), plan_choice, flag, low_psnr,
+                   check)
+    made = CacheFit(typical_miss=typical, typical_probe_miss=_rounded(coefs["tokens"]),
+                    plan_growth=_rounded(coefs["growth"]), **chosen, fitted_on=notes, fit_error=errors,
+                    dit=fingerprint(pipeline.files.dit, "DiT"))
+    return Calibration(made, calibrator.runs, calibrator.calls, check, plan_choice, flag,
+                       flag is not None and flag.counts.low > 0, fit_runs, held_runs)
+
+
+def _errors(coefs: dict[str, np.ndarray], fitted: Rows, checked: Rows) -> dict[str, float]:
+    """Each regression's residual sd (ln) on the fit prompts and on the held-out ones."""
     errors = {}
     for kind, name in (("x0", "typical_miss"), ("tokens", "typical_probe_miss"), ("growth", "plan_growth")):
         errors[name] = residual_sd(kind, coefs[kind], getattr(fitted, kind))
@@ -219,20 +289,26 @@ def calibrate(pipeline: AnimaPipeline, base: GenerationParams, prompts: Sequence
             if getattr(checked, kind) else math.nan
     if not all(math.isfinite(v) for v in errors.values()):
         raise AnimaError("the held-out prompts gave no measurable forecast misses: give more steps")
+    return {k: round(v, 4) for k, v in errors.items()}
+
+
+def _notes(pipeline: AnimaPipeline, base: GenerationParams, fit_prompts: int, seeds: int, check_prompts: int,
+           plan: PlanChoice | None, flag: FlagChoice | None, low_psnr: float, check: HeldOut) -> str:
+    """fitted_on: what each number was fitted on, and how the held-out prompts took them."""
     notes = (f"calibrate-cache on {pipeline.files.dit.name}: typical_miss, typical_probe_miss and plan_growth "
-             f"fitted on {len(fit_prompts)} prompts x {len(seeds)} seeds ({base.steps} steps, {base.sampler}, "
+             f"fitted on {fit_prompts} prompts x {seeds} seeds ({base.steps} steps, {base.sampler}, "
              f"{base.width}x{base.height}; uncached runs and auto at budgets {budgets(base.steps)}), checked on "
-             f"{len(check_prompts)} held-out prompts; flag_sigma, flag_score, plan_gain and plan_sigma kept as "
-             "chosen on the demo model (docs/research/auto-cache-constants.md)")
-    fit = CacheFit(typical_miss=_rounded(coefs["x0"]), typical_probe_miss=_rounded(coefs["tokens"]),
-                   plan_growth=_rounded(coefs["growth"]), **CHOSEN, fitted_on=notes,
-                   fit_error={k: round(v, 4) for k, v in errors.items()}, dit=fingerprint(pipeline.files.dit, "DiT"))
-    return Calibration(fit, len(jobs) * (1 + len(budgets(base.steps))), calls)
-
-
-def runs_of(prompts: int, seeds: int, steps: int) -> int:
-    """How many runs calibrate() makes: one uncached and one per budget, for every prompt and seed."""
-    return prompts * seeds * (1 + len(budgets(steps)))
+             f"{check_prompts} held-out prompts")
+    if plan is None or flag is None:
+        return notes + ("; flag_sigma, flag_score, plan_gain and plan_sigma kept as chosen on the demo model "
+                        "(docs/research/auto-cache-constants.md)")
+    how = (f"flag_sigma and flag_score: the threshold flagging 80% of those auto runs under {low_psnr:g} dB PSNR "
+           f"against their uncached images, at the flag_sigma of the best precision ({flag.counts.describe()})"
+           if flag.counts.low else f"no fit run fell under {low_psnr:g} dB: flag_score just above every fit run's "
+           "score (it flags none of them)")
+    return (f"{notes}; plan_gain and plan_sigma chosen by mean PSNR against the uncached images at budgets "
+            f"{plan_budgets(base.steps)}: {plan.describe()}; {how}; fit_error flag_score, flag_sigma: sd of its ln, of "
+            f"it, over bootstrap resamples of the fit runs; plan_psnr_se: dB; held out: {check.describe()}")
 
 
 def _rounded(values: np.ndarray) -> tuple[float, ...]:

@@ -112,6 +112,18 @@ def typical_probe_miss(sigma: float, distance: int, fit: CacheFit) -> float:
     return math.exp(k0 + k1 * sigma + (k2 + k3 * sigma) * math.log(distance))
 
 
+def late_miss_score(computed: list[int], errors: list[float | None], sigmas: list[float],
+                    typical_miss: tuple[float, ...], flag_sigma: float) -> float | None:
+    """The flag's score of a run: the geometric mean, over its measured computed calls at sigma <= flag_sigma, of
+    the miss over the typical miss (ln miss = a + b ln d + c sigma + e sigma ln d, d the distance from the computed
+    call before); None when no such call was measured. `errors[i]`: computed[i]'s measured miss (None: none)."""
+    a, b, c, e = typical_miss
+    logs = [math.log(error) - (a + b * math.log(step - before) + c * sigma + e * sigma * math.log(step - before))
+            for before, step, error in zip(computed, computed[1:], errors[1:])
+            if error is not None and error > 0 and (sigma := sigmas[step - 1]) <= flag_sigma]
+    return math.exp(sum(logs) / len(logs)) if logs else None
+
+
 class AutoCache:
     """Warm-up, then forecast a step only while its expected share of the final error is under `tol`; `guard`: a
     measured relative x0 error above it makes the next step a computed one.
@@ -247,11 +259,7 @@ class AutoCache:
         flag_sigma was measured, or the model has no fit."""
         if self.fit is None:
             return None
-        a, b, c, e = self.fit.typical_miss
-        logs = [math.log(error) - (a + b * math.log(step - before) + c * sigma + e * sigma * math.log(step - before))
-                for before, step, error in zip(self._computed, self._computed[1:], self._errors[1:])
-                if error is not None and error > 0 and (sigma := self._sigmas[step - 1]) <= self.fit.flag_sigma]
-        return math.exp(sum(logs) / len(logs)) if logs else None
+        return late_miss_score(self._computed, self._errors, self._sigmas, self.fit.typical_miss, self.fit.flag_sigma)
 
     @property
     def may_differ(self) -> bool | None:

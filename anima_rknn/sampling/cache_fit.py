@@ -1,5 +1,5 @@
-"""A model's cache numbers: the constants `auto` fits to one model's trajectories (its flag's typical miss, its
-check's typical partial-pass miss, its plan's growth and gain), read from a small JSON file that travels with the
+"""A model's cache numbers: the constants `auto` fits to one model's runs (its flag's typical miss and threshold,
+its check's typical partial-pass miss, its plan's growth and gain), read from a small JSON file that travels with the
 model set, next to the DiT: `<dit name>.cache-fit.json`. `anima-rknn calibrate-cache` writes one for any model;
 the demo model ships its own. A model without one runs `auto` in tolerance mode only (caches.make_cache refuses
 budget, check and verify there). The story of each number: docs/research/auto-cache-constants.md.
@@ -19,6 +19,7 @@ from ..errors import AnimaError
 FIT_FORMAT = "anima-rknn.cache-fit/1"
 FIT_SUFFIX = ".cache-fit.json"
 MAX_FIT_BYTES = 64 * 1024
+MAX_FIT_ERRORS = 16  # fit_error's entries (calibrate-cache writes 9; files of 8 and fewer, as first made, still read)
 HOW_TO_FIT = "make one with `anima-rknn calibrate-cache` (docs/calibrate-cache.md)"
 
 
@@ -34,7 +35,9 @@ class CacheFit:
     plan_gain: float  # budget plan: an error's growth to the image, 1 + gain at sigma 1 ...
     plan_sigma: float  # ... ramping up linearly from 1 at this sigma
     fitted_on: str  # what it was fitted on (model, prompts, steps)
-    fit_error: dict[str, float]  # residual sd (natural log) of each regression: typical_miss, typical_probe_miss
+    # residual sd (natural log) of each regression (fit prompts; _held_out: held-out ones); flag_score: sd of its ln
+    # and flag_sigma: sd of its ln, of it, over bootstrap resamples; plan_psnr_se: dB (docs/calibrate-cache.md)
+    fit_error: dict[str, float]
     dit: str | None = None  # fingerprint of the DiT file it was fitted on (core.tensorfile.fingerprint)
 
     def to_json(self) -> dict[str, Any]:
@@ -75,7 +78,7 @@ def parse_fit(value: Any, where: str) -> CacheFit:
                              + f" from {low:g} to {high:g}")
         numbers[name] = tuple(float(v) for v in item) if length else float(item)
     errors, notes, dit = value["fit_error"], value["fitted_on"], value["dit"]
-    if not (isinstance(errors, dict) and len(errors) <= 8 and all(
+    if not (isinstance(errors, dict) and len(errors) <= MAX_FIT_ERRORS and all(
             isinstance(k, str) and _number(v, 0.0, 100.0) for k, v in errors.items())):
         raise AnimaError(f"{where}: fit_error must map a few names to numbers from 0 to 100")
     if not (isinstance(notes, str) and len(notes) <= 2000) or not (dit is None or (

@@ -1,5 +1,6 @@
 """`anima-rknn calibrate-cache` on a random tiny set: it writes the set's cache fit next to its DiT, atomically and
-never over one there, and `--cache auto` with a budget (refused before) then runs on that fit."""
+never over one there, every number fitted on the set (the plan's and the flag's choices too), and `--cache auto`
+with a budget (refused before) then runs on that fit: its plan computes the calls the fitted plan places."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ import json
 
 import pytest
 
+from anima_rknn.bench.cache_choices import planned_calls
+from anima_rknn.bench.calibrate import CHOSEN
 from anima_rknn.demo.tiny_set import write_model_set
+from anima_rknn.generation.pipeline import AnimaPipeline
+from anima_rknn.model.model_set import from_model_dir
 from anima_rknn.sampling.cache_fit import fit_path, read_fit
+from anima_rknn.sampling.schedule import flow_sigmas
 
 PROMPTS = "a red circle\na blue square on white\na green triangle, left\n"
 RUN = ("-W", "64", "-H", "64", "--steps", "8", "--dtype", "fp32")
@@ -24,23 +30,30 @@ def test_calibrate_cache_writes_a_fit_that_auto_then_uses(run_cli, own_set, tmp_
     model = own_set.dit.parents[2]
     (tmp_path / "prompts.txt").write_text(PROMPTS)
     generate = ("generate", "--model", model, "-p", "a red circle", *RUN, "--cache", "auto", "--cache-option",
-                "budget=5,verify=1", "-o", tmp_path / "out.png", "--overwrite", "--json")
+                "budget=5", "-o", tmp_path / "out.png", "--overwrite", "--json")
     refused = run_cli(*generate)
     assert refused.code == 1 and "needs this model's cache fit" in refused.err and "calibrate-cache" in refused.err
 
     made = run_cli("calibrate-cache", "--model", model, "--prompts", tmp_path / "prompts.txt", "--held-out", "1",
                    *RUN)
     assert made.code == 0, made.err
-    assert "15 runs of 8 steps" in made.err and "estimate: about" in made.err
+    assert "about 15 runs (78 model calls) of 8 steps" in made.err and "estimate: about" in made.err
+    assert "held out: the flag caught" in made.out and "the plan computed the asked budget" in made.out
     fit = read_fit(fit_path(own_set.dit))
-    assert "on 2 prompts x 1 seeds" in fit.fitted_on and {"typical_miss_held_out", "plan_growth"} <= set(fit.fit_error)
+    assert "on 2 prompts x 1 seeds" in fit.fitted_on and {"typical_miss_held_out", "plan_growth", "flag_score",
+                                                          "plan_psnr_se"} <= set(fit.fit_error)
+    assert "chosen by mean PSNR" in fit.fitted_on and "kept as chosen on the demo" not in fit.fitted_on
+    # measured on this set: its flag's numbers are its own, not the demo's
+    assert (fit.flag_sigma, fit.flag_score) != (CHOSEN["flag_sigma"], CHOSEN["flag_score"])
+    assert AnimaPipeline(from_model_dir(model)).cache_fit == fit
     assert sorted(p.name for p in own_set.dit.parent.iterdir()) == sorted(  # nothing else left behind
         [own_set.dit.name, fit_path(own_set.dit).name])
 
     used = run_cli(*generate)
     assert used.code == 0, used.err
     report = json.loads(used.out)
-    assert len(report["computed_steps"]) <= 8 and report["cache_may_differ"] is not None
+    assert tuple(report["computed_steps"]) == planned_calls([*flow_sigmas(8)], 5, fit)
+    assert report["cache_may_differ"] is not None
 
     again = run_cli("calibrate-cache", "--model", model, "--prompts", tmp_path / "prompts.txt", "--held-out", "1",
                     *RUN)
