@@ -34,6 +34,7 @@ from ..generation.params import (
     settings_of,
 )
 from ..generation.pipeline import AnimaPipeline
+from ..generation.run_plan import RunPlan
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 MAX_JOBS_BYTES = 64 << 20
@@ -46,6 +47,7 @@ class BatchJob:
     line: int  # where it comes from in the jobs file, 1-based
     params: GenerationParams
     id: str = ""  # job_id(...), set by name_jobs
+    plan: RunPlan | None = None  # its run, planned by the driver (prepare_jobs); None: the worker plans it
 
     @property
     def image(self) -> str:
@@ -194,21 +196,21 @@ def name_jobs(jobs: list[BatchJob], fingerprints: Callable[[GenerationParams], d
 
 def prepare_jobs(jobs: list[BatchJob], pipeline: AnimaPipeline,
                  source: str | None = None) -> list[tuple[GenerationParams, dict[str, str | None]]]:
-    """Prepare each job as generate prepares its run (before anything runs; `source`: the jobs file, named with
-    the line in errors) and name it; returns the model fingerprints the workers must have, one entry per set of
-    model files (subgraph sets, LoRAs) in the jobs."""
-    prepared: set[tuple] = set()
+    """Plan each job's run as generate plans its run (before anything runs; `source`: the jobs file, named with
+    the line in errors; the jobs' settings were validated by read_jobs) and name it; returns the model
+    fingerprints the workers must have, one entry per set of model files (subgraph sets, LoRAs) in the jobs."""
+    prepared: dict[tuple, RunPlan] = {}
     for job in jobs:
         # Jobs that differ only in their seed prepare alike: a seed sweep of one image decodes it once.
         key = (repr(dataclasses.replace(job.params, seed=0, init_image=None, mask=None)),
                *(image.sha256 if image is not None else None for image in (job.params.init_image, job.params.mask)))
-        if key in prepared:
-            continue
-        try:
-            pipeline.prepare(job.params)
-        except AnimaError as e:
-            raise AnimaError(f"{source} line {job.line}: {e}" if source else str(e)) from None
-        prepared.add(key)
+        if key not in prepared:
+            try:
+                prepared[key] = pipeline.prepare(job.params, validated=True)
+            except AnimaError as e:
+                raise AnimaError(f"{source} line {job.line}: {e}" if source else str(e)) from None
+        job.plan = prepared[key].for_settings(job.params)
+        job.params = job.plan.params  # with what prepare() filled in, which the job's id hashes
     prints: dict[str, tuple[GenerationParams, dict[str, str | None]]] = {}
 
     def fingerprints(params: GenerationParams) -> dict[str, str | None]:

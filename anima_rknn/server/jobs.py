@@ -46,6 +46,7 @@ from ..generation.images import MAX_IMAGE_BYTES, ImageInput
 from ..generation.params import IMAGE_SETTINGS, SETTINGS, GenerationParams, settings_of
 from ..generation.pipeline import AnimaPipeline
 from ..generation.resume import Interrupted, default_state_path
+from ..generation.run_plan import RunPlan
 from ..jobs.runner import JobRunner, saved_state
 from ..model.model_set import ModelFiles
 from ..sampling.sample import StepEvent
@@ -202,6 +203,7 @@ class JobQueue:
         self._lock = threading.Condition()
         self._decodes = threading.BoundedSemaphore(MAX_DECODES)
         self._jobs: dict[str, Job] = {}
+        self._plans: dict[str, RunPlan] = {}  # a waiting job's run, planned at submission (submit_all)
         self._waiting: deque[Job] = deque()
         self.current: Job | None = None
         if (self.data_dir / STORE).is_symlink():
@@ -448,18 +450,26 @@ class JobQueue:
             self.runner = JobRunner(pipeline, checkpoint_every=self.checkpoint_every, warn=lambda e: None)
             self.projection = projection_for(pipeline.files.vae)
 
-    def submit_all(self, batch: list[GenerationParams], model: str | None = None) -> list[Job]:
+    def submit_all(self, batch: list[GenerationParams], model: str | None = None, *,
+                   validated: bool = False) -> list[Job]:
         """Queue every job of a request, or none: a batch that does not fit is refused whole. `model`: the
-        served model they run on (None: the queue's first)."""
+        served model they run on (None: the queue's first); `validated`: the settings went through validate()
+        (a request's, Server.params), so preparing them does not validate them again."""
         self._check_space(batch)  # first: checking a request may take seconds (a VAE probe)
         model = model if model is not None or not self.models else next(iter(self.models))
         pipeline = self.pipeline_for(model)
-        checked: list[GenerationParams] = []  # a request's jobs differ in their seeds: its images are read once
+        # Each job's run is planned now and kept until the worker runs it; a request's jobs differ in their seeds,
+        # so its setting is prepared once (its images read once).
+        prepared: list[tuple[GenerationParams, RunPlan]] = []
+        runs: list[RunPlan] = []
         for params in batch:
-            if (unseeded := dataclasses.replace(params, seed=0)) not in checked:
-                self._checked(pipeline, params)
-                checked.append(unseeded)
-        jobs = [Job(secrets.token_hex(8), params, time.time(), model=model) for params in batch]
+            unseeded = dataclasses.replace(params, seed=0)
+            plan = next((plan for seen, plan in prepared if seen == unseeded), None)
+            if plan is None:
+                plan = self._checked(pipeline, params, validated)
+                prepared.append((unseeded, plan))
+            runs.append(plan.for_settings(params))
+        jobs = [Job(secrets.token_hex(8), run.params, time.time(), model=model) for run in runs]
         with self._lock:
             if len(self._waiting) + len(jobs) > self.max_queue:
                 raise QueueFull(f"the queue is full ({len(self._waiting)} of {self.max_queue} jobs waiting, "
@@ -471,23 +481,23 @@ class JobQueue:
             except StoreError:
                 self._remove_unused_inputs()
                 raise
-            for job in jobs:
+            for job, run in zip(jobs, runs):
                 self._jobs[job.id] = job
+                self._plans[job.id] = run
                 self._waiting.append(job)
             self._lock.notify_all()
         self._prune()
         return jobs
 
-    def _checked(self, pipeline: AnimaPipeline, params: GenerationParams) -> None:
-        """Every setting checked now (a bad request is a 400, not a failed job), its pictures decoded with at most
-        MAX_DECODES others; a submit that finds no turn within DECODE_WAIT_S is ServerBusy."""
+    def _checked(self, pipeline: AnimaPipeline, params: GenerationParams, validated: bool) -> RunPlan:
+        """The job's plan: every setting checked now (a bad request is a 400, not a failed job), its pictures
+        decoded with at most MAX_DECODES others; a submit that finds no turn within DECODE_WAIT_S is ServerBusy."""
         if not image_inputs(params):
-            pipeline.prepare(params)
-            return
+            return pipeline.prepare(params, validated=validated)
         if not self._decodes.acquire(timeout=DECODE_WAIT_S):
             raise ServerBusy(f"the server is decoding {MAX_DECODES} pictures already; try again shortly")
         try:
-            pipeline.prepare(params)
+            return pipeline.prepare(params, validated=validated)
         finally:
             self._decodes.release()
 
@@ -607,6 +617,7 @@ class JobQueue:
             log.warning("job %s %s: %s", job.id, state, error)
             error = self._public(job, error)
         job.state, job.error, job.preview = state, error, None
+        self._plans.pop(job.id, None)
         job.params = without_bytes(job.params)  # up to tens of MiB per upload: a finished job needs its sha256 only
         try:
             self._save(job)
@@ -656,7 +667,10 @@ class JobQueue:
     def _run(self, job: Job) -> None:
         state = default_state_path(self.image_path(job))
         try:
-            published = self.runner.run(job.params, state=state, to=self.image_path(job), overwrite=True,
+            # The plan made at submission; a job read back from the store after a restart is a new run, planned now
+            # (its settings were validated when it was read).
+            plan = self._plans.pop(job.id, None) or self.pipeline.prepare(job.params, validated=True)
+            published = self.runner.run(plan, state=state, to=self.image_path(job), overwrite=True,
                                         image=f"/api/jobs/{job.id}/image", resume=saved_state(state),
                                         on_step=lambda event: self._on_step(job, event), stop=job.cancel.is_set,
                                         interrupt=job.interrupt.is_set)
