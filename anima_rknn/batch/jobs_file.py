@@ -22,6 +22,7 @@ import torch
 
 from ..checks import shown
 from ..core.files import Unreadable, read_small_file
+from ..engine.vae_plan import vae_tiles
 from ..errors import AnimaError
 from ..generation.images import ImageInput
 from ..generation.params import (
@@ -147,6 +148,9 @@ def read_jobs(path: str | Path, defaults: GenerationParams, seeds: list[int] | N
     path = Path(path)
     if defaults.threads is None:  # the Python API's "as torch is set": this process's, named in every job's id
         defaults = dataclasses.replace(defaults, threads=torch.get_num_threads())
+    # So too the VAE tiles the defaults leave unset, as prepare() will fill them in (the VAE set's, else the engine's
+    # default): a job's id hashes those it runs.
+    defaults = dataclasses.replace(defaults, **dict(zip(("vae_tile", "vae_overlap"), vae_tiles(defaults))))
     jsonl = path.suffix.lower() in JSONL_SUFFIXES
     jobs: list[BatchJob] = []
     images = _Images(path.parent)

@@ -373,7 +373,9 @@ class AnimaPipeline:
             plan = dataclasses.replace(plan, encode_tile=plan_encode(self.files.vae, self.vae_config, params, plan,
                                                                      *encode_size))
         first_decode = self._vae_plan(params, params.width, params.height) if lanczos else None
-        return RunPlan(self.files, params, tuple(passes), plan, first_decode, self.fingerprints(params))
+        # A copy: settings the caller changes after this are not the plan's.
+        return RunPlan(self.files, dataclasses.replace(params), tuple(passes), plan, first_decode,
+                       self.fingerprints(params))
 
     def _vae_plan(self, params: GenerationParams, width: int, height: int) -> DecodePlan:
         """How a width x height picture decodes (prepare()'s plan, at that size)."""

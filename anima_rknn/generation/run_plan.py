@@ -27,7 +27,8 @@ class PassPlan:
 
 @dataclasses.dataclass(frozen=True)
 class RunPlan:
-    """`params`: the validated settings, with what prepare() fills in (threads, the VAE tile and overlap).
+    """`params`: the validated settings (a copy of the caller's), with what prepare() fills in (threads, the VAE tile
+    and overlap; filled in the caller's too, so that its records name them).
     `decode`: how the last pass's picture decodes (and an init image encodes); `first_decode`: the hires fix's first
     pass's picture when Lanczos upscales it (None otherwise: an interrupted first pass decides at its end).
     `fingerprints`: the model files' (pipeline.fingerprints), which resume states and batch job ids hold."""

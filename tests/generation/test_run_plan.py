@@ -59,6 +59,8 @@ def test_a_plan_serves_other_seeds_only_and_its_own_model():
     params = GenerationParams(prompt="a red circle", steps=2, vae_backend="torch")
     plan = pipeline.prepare(params)
     assert (plan.params.vae_tile, plan.params.vae_overlap, plan.params.threads) == (512, 64, torch.get_num_threads())
+    assert plan.params == params and plan.params is not params  # filled in both; the plan's own copy
+    assert [(each.denoise_pass.steps_run, each.subgraphs) for each in plan.passes] == [(2, None)]
     other = plan.for_settings(GenerationParams(prompt="a red circle", steps=2, vae_backend="torch", seed=9))
     assert other.params.seed == 9 and other.params.vae_tile == 512 and plan.params.seed == params.seed
     with pytest.raises(AnimaError, match="differ from its own in the seed"):
