@@ -211,7 +211,7 @@ class Runner:
 
 def measure_strength(runner: Runner, cases: list[Case], inits: list[Image.Image], strengths: list[float],
                      bar: tqdm, keep: dict) -> dict:
-    plan = runner.pipeline.prepare(runner.params(prompt="x"))
+    plan = runner.pipeline.prepare(runner.params(prompt="x")).decode
     round_trip = []
     for case, init in zip(cases, inits):
         latent, _ = runner.pipeline.encode_image(init, plan)
@@ -273,7 +273,7 @@ def measure_inpaint(runner: Runner, cases: list[Case], inits: list[Image.Image],
                                       mask=png_input(mask, f"mask{case.index}.png"), strength=strength,
                                       masked_content=content)
                 params, pipeline = run["params"], runner.pipeline
-                plan = pipeline.prepare(params)
+                plan = pipeline.prepare(params).decode
                 source = prepare_source(params)
                 before_paste = np.asarray(pipeline.decode(run["result"].latent, plan)[0])
                 if len(round_trips) <= c:  # decode(encode(original)): the same for every content and strength

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import gc
 import hashlib
@@ -82,6 +83,23 @@ def one_thread():
         patch.setattr(thread_counts, "_auto", lambda: 1)
         yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def run_counts(monkeypatch) -> collections.Counter:
+    """How many times GenerationParams.validate() and AnimaPipeline.prepare() were called, in any thread (the real
+    methods still run): a run validates its settings and plans itself once (generation/run_plan.py)."""
+    from anima_rknn.generation.params import GenerationParams
+    from anima_rknn.generation.pipeline import AnimaPipeline
+
+    counts: collections.Counter = collections.Counter()
+    for cls, name in ((GenerationParams, "validate"), (AnimaPipeline, "prepare")):
+        def counted(self, *args, _real=getattr(cls, name), _name=name, **kwargs):
+            counts[_name] += 1
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, name, counted)
+    return counts
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ import torch
 
 from ..checks import shown
 from ..core.files import Unreadable, read_small_file
+from ..engine.vae_plan import vae_tiles
 from ..errors import AnimaError
 from ..generation.images import ImageInput
 from ..generation.params import (
@@ -34,6 +35,7 @@ from ..generation.params import (
     settings_of,
 )
 from ..generation.pipeline import AnimaPipeline
+from ..generation.run_plan import RunPlan
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 MAX_JOBS_BYTES = 64 << 20
@@ -46,6 +48,7 @@ class BatchJob:
     line: int  # where it comes from in the jobs file, 1-based
     params: GenerationParams
     id: str = ""  # job_id(...), set by name_jobs
+    plan: RunPlan | None = None  # its run, planned by the driver (prepare_jobs); None: the worker plans it
 
     @property
     def image(self) -> str:
@@ -145,6 +148,9 @@ def read_jobs(path: str | Path, defaults: GenerationParams, seeds: list[int] | N
     path = Path(path)
     if defaults.threads is None:  # the Python API's "as torch is set": this process's, named in every job's id
         defaults = dataclasses.replace(defaults, threads=torch.get_num_threads())
+    # So too the VAE tiles the defaults leave unset, as prepare() will fill them in (the VAE set's, else the engine's
+    # default): a job's id hashes those it runs.
+    defaults = dataclasses.replace(defaults, **dict(zip(("vae_tile", "vae_overlap"), vae_tiles(defaults))))
     jsonl = path.suffix.lower() in JSONL_SUFFIXES
     jobs: list[BatchJob] = []
     images = _Images(path.parent)
@@ -194,21 +200,21 @@ def name_jobs(jobs: list[BatchJob], fingerprints: Callable[[GenerationParams], d
 
 def prepare_jobs(jobs: list[BatchJob], pipeline: AnimaPipeline,
                  source: str | None = None) -> list[tuple[GenerationParams, dict[str, str | None]]]:
-    """Prepare each job as generate prepares its run (before anything runs; `source`: the jobs file, named with
-    the line in errors) and name it; returns the model fingerprints the workers must have, one entry per set of
-    model files (subgraph sets, LoRAs) in the jobs."""
-    prepared: set[tuple] = set()
+    """Plan each job's run as generate plans its run (before anything runs; `source`: the jobs file, named with
+    the line in errors; the jobs' settings were validated by read_jobs) and name it; returns the model
+    fingerprints the workers must have, one entry per set of model files (subgraph sets, LoRAs) in the jobs."""
+    prepared: dict[tuple, RunPlan] = {}
     for job in jobs:
         # Jobs that differ only in their seed prepare alike: a seed sweep of one image decodes it once.
         key = (repr(dataclasses.replace(job.params, seed=0, init_image=None, mask=None)),
                *(image.sha256 if image is not None else None for image in (job.params.init_image, job.params.mask)))
-        if key in prepared:
-            continue
-        try:
-            pipeline.prepare(job.params)
-        except AnimaError as e:
-            raise AnimaError(f"{source} line {job.line}: {e}" if source else str(e)) from None
-        prepared.add(key)
+        if key not in prepared:
+            try:
+                prepared[key] = pipeline.prepare(job.params, validated=True)
+            except AnimaError as e:
+                raise AnimaError(f"{source} line {job.line}: {e}" if source else str(e)) from None
+        job.plan = prepared[key].for_settings(job.params)
+        job.params = job.plan.params  # with what prepare() filled in, which the job's id hashes
     prints: dict[str, tuple[GenerationParams, dict[str, str | None]]] = {}
 
     def fingerprints(params: GenerationParams) -> dict[str, str | None]:

@@ -11,6 +11,7 @@ times) and its job goes back to the front of the queue: retried, never lost, and
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -117,6 +118,9 @@ class RemoteWorker(Worker):
 
     def run(self, job: BatchJob, state: Path | None = None, on_step: StepCallback | None = None,
             stop: Callable[[], bool] = lambda: False) -> Outcome:
+        # A node plans its own run: the driver's plan chose the VAE tiles by the driver's free memory, and
+        # --vae-backend auto's set lies in the driver's cache folder.
+        job = dataclasses.replace(job, plan=None)
         folder = cache_dir() / STATES
         try:
             folder.mkdir(parents=True, exist_ok=True)

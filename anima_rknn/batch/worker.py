@@ -80,7 +80,10 @@ class Worker:
         for the next time)."""
         start = time.perf_counter()
         try:
-            published = self.runner.run(job.params, state=state, image=job.image, resume=saved_state(state),
+            # The driver's plan (prepare_jobs); without one the job is planned here, its settings validated by the
+            # driver's read_jobs.
+            plan = job.plan or self.pipeline.prepare(job.params, validated=True)
+            published = self.runner.run(plan, state=state, image=job.image, resume=saved_state(state),
                                         on_step=on_step, stop=stop)
         except AnimaError as e:
             return Outcome(job.id, self.name, time.perf_counter() - start, error=str(e))

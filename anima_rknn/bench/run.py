@@ -25,6 +25,7 @@ from ..generation.params import GenerationParams, uncached
 from ..generation.pipeline import AnimaPipeline
 from ..engine.vae_plan import DecodePlan
 from ..generation.result import Conditioning, Denoised
+from ..generation.run_plan import RunPlan
 from ..sampling.caches import CACHE_NAMES, make_cache
 from ..sampling.sample import StepCallback, StepEvent
 from ..sampling.samplers import sampler_name
@@ -136,8 +137,7 @@ def policy_params(params: GenerationParams, caches: Sequence[str],
     return {name: dataclasses.replace(params, cache=name, cache_options=dict(cache_options)) for name in caches}
 
 
-def _run(pipeline: AnimaPipeline, conditioning: Conditioning, params: GenerationParams, plan: DecodePlan,
-         on_step: StepCallback | None) -> Run:
+def _run(pipeline: AnimaPipeline, conditioning: Conditioning, plan: RunPlan, on_step: StepCallback | None) -> Run:
     events: list[StepEvent] = []
 
     def listen(event: StepEvent) -> None:
@@ -146,7 +146,7 @@ def _run(pipeline: AnimaPipeline, conditioning: Conditioning, params: Generation
             on_step(event)
 
     with peak_rss() as peak:
-        rendered = pipeline.render(conditioning, params, plan, on_step=listen)
+        rendered = pipeline.render(conditioning, plan, on_step=listen)
     # verify's re-run goes back over steps: each step's x0 and forecast flag are those of its last event (the run
     # that made the image), its time that of all of them
     last = {e.step: e for e in events}
@@ -190,6 +190,9 @@ class SeedBench:
                                 **policy_params(each, sweep.caches, sweep.cache_options)}
                       for sampler, each in sampler_params(params, sweep.samplers or (params.sampler,)).items()}
         self.plan = pipeline.prepare(params)
+        # Each side is a run of its own (its cache, its sampler), planned once for all seeds; validated above.
+        self.plans = {(sampler, label): pipeline.prepare(side, validated=True)
+                      for sampler, sides in self.sides.items() for label, side in sides.items()}
         with peak_rss() as encode_peak:
             self.conditioning = pipeline.encode(params.prompt, params.negative, params.dtype, params.loras,
                                                 params.lora_ignore_unmatched)
@@ -213,14 +216,15 @@ class SeedBench:
             for (sampler, label), done in runs.items():
                 if on_run is not None:
                     on_run(seed, f"{sampler} {label}" if several else label, repeat)
-                side = dataclasses.replace(self.sides[sampler][label], seed=seed)
-                done.append(_run(self.pipeline, self.conditioning, side, self.plan, on_step))
+                side = self.plans[sampler, label].for_settings(dataclasses.replace(self.sides[sampler][label],
+                                                                                   seed=seed))
+                done.append(_run(self.pipeline, self.conditioning, side, on_step))
         seeds = []
         for sampler, sides in self.sides.items():
             per_side = {label: PolicyRuns(dataclasses.replace(side, seed=seed), runs[sampler, label])
                         for label, side in sides.items()}
             seeds.append(SeedResult(seed, per_side.pop(BASELINE), per_side, sampler=sampler))
-        return BenchResult(self.conditioning, self.encode_peak_rss_bytes, self.sweep.repeats, seeds, self.plan)
+        return BenchResult(self.conditioning, self.encode_peak_rss_bytes, self.sweep.repeats, seeds, self.plan.decode)
 
 
 @dataclass(frozen=True)

@@ -35,15 +35,21 @@ from ..generation.resume import (
     output_of_state,
     read_state,
 )
+from ..generation.run_plan import RunPlan
 from ..jobs.runner import JobRunner
 from ..model.io import trained_image_size
 from ..sampling.sample import StepCallback, StepEvent
 from ..vae.preview import PreviewWriter
 from .group import cli
-from .options import cli_flags, cli_names, generation_options, params_from_cli, resolve_model
+from .options import (
+    cli_flags,
+    cli_names,
+    generation_options,
+    params_from_cli,
+    resolve_model,
+)
 from .sdcpp import SdCppCommand, no_effect_options
 from .signals import stop_on_signals
-
 
 MAX_BATCH_COUNT = 10_000  # images of one --batch-count
 
@@ -113,25 +119,26 @@ def generate(ctx: click.Context, model, dit, text_encoder, vae, qwen_tokenizer, 
                       else default_state_path(out_path))
         if resumed is None or state_path.resolve() != Path(resume_path).resolve():
             check_state_file(state_path, overwrite, resume_command(ctx, given, state_path, out_path))
-        images.append((out_path, dataclasses.replace(params, seed=params.seed + index), state_path))
+        images.append((out_path, params.seed + index, state_path))
     warning = size_warning(params, trained_image_size(files.dit))
     if warning:
         click.echo(f"warning: {warning}", err=True)
+    if preview is not None and Path(preview).resolve() in {path.resolve() for path, _, _ in images}:
+        raise AnimaError("--preview must be another file than --out")
+    runner = JobRunner(AnimaPipeline(files), checkpoint_every=checkpoint_every, warn=_warn_once())
+    plan = runner.pipeline.prepare(params, validated=True)  # once: each image is this run at its own seed
     if verbose:
         click.echo(f"model files: {json_text({k: str(v) for k, v in dataclasses.asdict(files).items()})}", err=True)
         click.echo(f"settings: {json_text(settings_of(params))}", err=True)
-    if preview is not None and Path(preview).resolve() in {path.resolve() for path, _, _ in images}:
-        raise AnimaError("--preview must be another file than --out")
     # One preview file for all the images; a resumed run takes over its own earlier preview.
     previews = preview_listener(preview, images[0][0], files.vae, preview_every, preview_vae, params.vae_tile,
                                 overwrite or resumed is not None)
-    runner = JobRunner(AnimaPipeline(files), checkpoint_every=checkpoint_every, warn=_warn_once())
-    for number, (out_path, image_params, state_path) in enumerate(images):
+    for number, (out_path, seed, state_path) in enumerate(images):
         if len(images) > 1:
-            click.echo(f"image {number + 1}/{len(images)}: seed {image_params.seed}", err=True)
-        report = run_one(ctx, runner, image_params, out_path, state_path, given, resumed, resume_path, overwrite,
-                         previews)
-        print_report(image_params, report, out_path, as_json)
+            click.echo(f"image {number + 1}/{len(images)}: seed {seed}", err=True)
+        image = plan.for_settings(dataclasses.replace(params, seed=seed))
+        report = run_one(ctx, runner, image, out_path, state_path, given, resumed, resume_path, overwrite, previews)
+        print_report(image.params, report, out_path, as_json)
         if report["finite"] is False:
             raise NotFinite(report)
 
@@ -147,7 +154,7 @@ def _warn_once() -> Callable[[AnimaError], None]:
     return warn_once
 
 
-def run_one(ctx: click.Context, runner: JobRunner, params: GenerationParams, out_path: Path, state_path: Path,
+def run_one(ctx: click.Context, runner: JobRunner, plan: RunPlan, out_path: Path, state_path: Path,
             given: set[str], resumed: ResumeState | None, resume_path: str | None, overwrite: bool,
             previews: StepCallback | None) -> dict:
     """One image: its run with the step bar and the previews; the record. Ctrl-C ends the command here, saying
@@ -166,7 +173,7 @@ def run_one(ctx: click.Context, runner: JobRunner, params: GenerationParams, out
     stopped: Interrupted | None = None
     try:
         with stop_on_signals() as stops:
-            report = runner.run(params, state=state_path, to=out_path, overwrite=overwrite, resume=resumed,
+            report = runner.run(plan, state=state_path, to=out_path, overwrite=overwrite, resume=resumed,
                                 on_step=on_step, stop=lambda: bool(stops)).record
     except Interrupted as e:
         stopped = e

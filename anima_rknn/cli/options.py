@@ -24,10 +24,8 @@ from ..core.threads import AUTO_THREADS, MAX_THREADS, resolve_threads, use_threa
 from ..engine.backends.rknn import CORE_MASKS, RUNTIMES, RknnOptions
 from ..engine.memory_plan import parse_size
 from ..errors import AnimaError
-from ..export.manifest import read_manifest
 from ..generation.images import ImageInput
 from ..generation.params import (
-    LABELS,
     GenerationParams,
     build,
     cli_flags,
@@ -280,26 +278,12 @@ def params_from_cli(files: ModelFiles, values: dict[str, Any]) -> GenerationPara
     the prompt's <lora:...> tags pick LoRAs from --lora-dir. Not validated yet (a resumed run fills in its state's
     settings first)."""
     settings = setting_values(values)
-    if settings.get("vae_subgraphs") is not None:
-        settings |= vae_set_tiles(settings["vae_subgraphs"], settings)
-    return build(settings, native_size=trained_image_size(files.dit), lora_dir=values.get("lora_dir"))
-
-
-def vae_set_tiles(vae_subgraphs: Path, settings: dict[str, Any]) -> dict[str, int]:
-    """A VAE set's tile size and overlap (its manifest's, as export-vae made it), for the VAE tile settings the
-    command line leaves at their defaults; one given otherwise is refused in one line."""
-    manifest = read_manifest(vae_subgraphs, kind="vae")
-    taken = {}
     context = click.get_current_context(silent=True)
-    for name, key in (("vae_tile", "tile"), ("vae_overlap", "overlap")):
-        given = context is not None and context.get_parameter_source(name) not in (
-            None, click.core.ParameterSource.DEFAULT)
-        if not given:
-            taken[name] = manifest[key]
-        elif settings[name] != manifest[key]:
-            raise AnimaError(f"the VAE set in {vae_subgraphs} was made for {LABELS[name]} {manifest[key]}, "
-                             f"{cli_flags(name)[0]} asks for {settings[name]}: drop it or export another set")
-    return taken
+    for name in ("vae_tile", "vae_overlap"):  # left unset: the engine's choice, the VAE set's else its default
+        if name in settings and (context is None or context.get_parameter_source(name) in (
+                None, click.core.ParameterSource.DEFAULT)):
+            settings[name] = None
+    return build(settings, native_size=trained_image_size(files.dit), lora_dir=values.get("lora_dir"))
 
 
 def lora_file_options(f: F) -> F:

@@ -23,6 +23,7 @@ from click.core import ParameterSource
 from ..core.cpu_speed import AUTO, resolve_dtype
 from ..core.files import Unreadable, held_folder, read_small_file
 from ..engine.vae_auto import choose_vae_backend
+from ..engine.vae_tiles import DEFAULT_VAE_OVERLAP, DEFAULT_VAE_TILE
 from ..errors import AnimaError
 from ..generation.params import MAX_SIDE, MAX_STEPS, SERVER_SETTINGS, build, default
 from ..generation.pipeline import AnimaPipeline
@@ -205,9 +206,9 @@ def serve(ctx, model, dit, text_encoder, vae, qwen_tokenizer, t5_tokenizer, host
         if engine["vae_backend"] == AUTO:
             # Requests decode with --vae-backend auto, by default at the default tile: probe (and export its ONNX set)
             # now, not while the first request's HTTP call waits.
-            tile = default("vae_tile")
+            tile = DEFAULT_VAE_TILE
             for vae_file in dict.fromkeys(served_files.vae for served_files in served.values()):
-                choose_vae_backend(vae_file, tile, tile, tile, default("vae_overlap"), tiling=True, torch_tile=None)
+                choose_vae_backend(vae_file, tile, tile, tile, DEFAULT_VAE_OVERLAP, tiling=True, torch_tile=None)
         queue = JobQueue(AnimaPipeline(files, keep_dit=keep), Path(data_dir), max_queue=max_queue,
                          checkpoint_every=checkpoint_every, engine=engine, max_side=max_side, max_steps=max_steps,
                          keep_jobs=keep_jobs, models=served)

@@ -146,13 +146,12 @@ def generate_images(model_dir: str | os.PathLike, specs: Sequence[ShapeSpec], *,
                                    seed=seed + i, cache=cache, loras=list(loras),
                                    lora_ignore_unmatched=lora_ignore_unmatched, threads=threads)
                   for i, spec in enumerate(specs)]
-    for params in all_params:
-        params.validate()  # before the model loads
     pipeline = pipeline or AnimaPipeline(from_model_dir(model_dir), keep_dit=True)
+    plans = [pipeline.prepare(params) for params in all_params]  # before the model loads
     images = []
-    for params in tqdm(all_params, desc="generate", unit="prompt", file=sys.stderr, dynamic_ncols=True,
-                       disable=not progress):
-        result = pipeline.generate(params)
+    for plan in tqdm(plans, desc="generate", unit="prompt", file=sys.stderr, dynamic_ncols=True,
+                     disable=not progress):
+        result = pipeline.generate(plan)
         images.append(np.asarray(result.image) if result.image is not None else np.zeros((size, size, 3), np.uint8))
     return images
 

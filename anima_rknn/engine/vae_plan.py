@@ -1,6 +1,7 @@
 """How a run's latent becomes its picture, and an image its latent: the VAE backend and the tiles, decided once
 from the run's VAE settings, the VAE set's manifest and the free memory (pipeline.prepare() makes the plan, and
-decode and encode follow it). --vae-backend auto is resolved here (engine/vae_auto.py probes)."""
+decode and encode follow it). --vae-backend auto is resolved here (engine/vae_auto.py probes), and so is the tile
+a run leaves unset: its VAE set's, whichever front end started the run."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from typing import Protocol
 from ..core.cpu_speed import AUTO
 from ..core.memory import available_bytes
 from ..errors import AnimaError
-from ..vae.wan import WanVAEConfig
+from ..export.manifest import read_manifest
 from ..vae.tiling import plan_encode_tiling, plan_tiling
+from ..vae.wan import WanVAEConfig
 from .backends.rknn import RknnOptions, check_runtime
 from .vae_auto import choose_vae_backend
-from .vae_tiles import vae_set_manifest
+from .vae_tiles import DEFAULT_VAE_OVERLAP, DEFAULT_VAE_TILE, vae_set_manifest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,13 +39,31 @@ class VaeSettings(Protocol):
     vae_backend: str
     vae_subgraphs: Path | None
     vae_tiling: str
-    vae_tile: int
-    vae_overlap: int
+    vae_tile: int | None  # None: the VAE set's, else DEFAULT_VAE_TILE (vae_tiles() decides)
+    vae_overlap: int | None
     rknn: RknnOptions
 
 
+def vae_tiles(settings: VaeSettings) -> tuple[int, int]:
+    """The run's VAE tile and overlap: those given, else the VAE set's (export-vae made its tiles for them), else
+    the defaults. One given that is not the set's is refused: the set decodes no other tile."""
+    if settings.vae_subgraphs is None:
+        return (DEFAULT_VAE_TILE if settings.vae_tile is None else settings.vae_tile,
+                DEFAULT_VAE_OVERLAP if settings.vae_overlap is None else settings.vae_overlap)
+    manifest = read_manifest(settings.vae_subgraphs, kind="vae")
+    for label, given, made, where in (("tile size", settings.vae_tile, manifest["tile"], "--vae-tile-size; a "
+                                       "request's vae_tile"),
+                                      ("tile overlap", settings.vae_overlap, manifest["overlap"], "--vae-tile-overlap; "
+                                       "a request's vae_overlap")):
+        if given is not None and given != made:
+            raise AnimaError(f"the VAE set in {settings.vae_subgraphs} was made for VAE {label} {made}, asked for "
+                             f"{given}: leave it out ({where}) or export another set")
+    return manifest["tile"], manifest["overlap"]
+
+
 def plan_decode(vae: Path, config: WanVAEConfig, settings: VaeSettings, width: int, height: int) -> DecodePlan:
-    """How a width x height picture decodes with the VAE file `vae`; what cannot fit or run is refused now."""
+    """How a width x height picture decodes with the VAE file `vae`; what cannot fit or run is refused now. The
+    settings' tile and overlap are vae_tiles()'s (resolved by prepare())."""
     if settings.vae_backend == AUTO:
         torch_tile = plan_tiling(config, width, height, settings.vae_tiling, settings.vae_tile, available_bytes())
         backend, subgraphs = choose_vae_backend(vae, width, height, settings.vae_tile, settings.vae_overlap,
@@ -54,10 +74,6 @@ def plan_decode(vae: Path, config: WanVAEConfig, settings: VaeSettings, width: i
     vae_set = vae_set_manifest(settings.vae_backend, settings.vae_subgraphs, vae, width, height)
     if settings.vae_backend == "rknn":  # refused now, not after the denoising, where there is no NPU runtime
         check_runtime(vae_set["rknn"], settings.rknn.runtime)
-    if vae_set is not None and vae_set["tile"] != settings.vae_tile:
-        raise AnimaError(f"the VAE set in {settings.vae_subgraphs} decodes {vae_set['tile']}-px tiles, asked for "
-                         f"{settings.vae_tile}: set the tile to {vae_set['tile']} (--vae-tile-size; a request's "
-                         "vae_tile) or export another set")
     tile = plan_tiling(config, width, height, "on" if vae_set is not None else settings.vae_tiling,
                        settings.vae_tile, available_bytes())
     return DecodePlan(tile, settings.vae_overlap, settings.vae_backend, settings.vae_subgraphs)

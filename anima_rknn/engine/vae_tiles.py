@@ -23,6 +23,8 @@ from .backends.onnx import OnnxBackend
 from .backends.rknn import RknnBackend, RknnOptions
 
 VAE_BACKENDS = (AUTO, "torch", "onnx", "rknn")  # auto: torch or onnx, whichever decodes faster here (vae_auto)
+# A run's VAE tile and overlap in pixels when it names none and has no VAE set (a set's are its own: vae_plan).
+DEFAULT_VAE_TILE, DEFAULT_VAE_OVERLAP = 512, 64
 ENCODER_INDEX = VAE_KINDS.index(VAE_ENCODER_KIND)  # the encoder's subgraph index in a set that has one
 
 

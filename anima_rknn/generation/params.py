@@ -23,7 +23,8 @@ from ..core.cpu_speed import AUTO, resolve_dtype
 from ..core.threads import AUTO_THREADS, MAX_THREADS, resolve_threads
 from ..engine import BACKENDS
 from ..engine.backends.rknn import RknnOptions
-from ..engine.vae_tiles import VAE_BACKENDS
+from ..engine.vae_plan import vae_tiles
+from ..engine.vae_tiles import DEFAULT_VAE_OVERLAP, DEFAULT_VAE_TILE, VAE_BACKENDS
 from ..errors import AnimaError
 from ..model.lora import MAX_LORAS, LoraRef, lora_refs, prompt_loras
 from ..sampling.auto_cache import check_refusal
@@ -157,10 +158,14 @@ class GenerationParams:
         "Decode in overlapping tiles (on: less memory) or never (off); auto: tile only when decoding in one piece "
         "would not fit the free memory.", "choice", ("--vae-tiling/--no-vae-tiling",), choices=TILING_MODES,
         request="vae_tiling"))
-    vae_tile: int = _setting(512, Option("VAE tile size in pixels, a multiple of 8.", "int", ("--vae-tile-size",),
-                                         64, MAX_SIDE, request="vae_tile"))
-    vae_overlap: int = _setting(64, Option("VAE tile overlap in pixels, a multiple of 8, at most half a tile.",
-                                           "int", ("--vae-tile-overlap",), 0, MAX_SIDE // 2, request="vae_overlap"))
+    # None: the VAE set's (--vae-subgraphs), else the engine's default, filled in by prepare() (engine.vae_plan);
+    # the CLI shows that default and passes None when the flag is not given.
+    vae_tile: int | None = _setting(None, Option("VAE tile size in pixels, a multiple of 8.", "int",
+                                                 ("--vae-tile-size",), 64, MAX_SIDE, request="vae_tile",
+                                                 cli_default=DEFAULT_VAE_TILE))
+    vae_overlap: int | None = _setting(None, Option("VAE tile overlap in pixels, a multiple of 8, at most half a tile.",
+                                                    "int", ("--vae-tile-overlap",), 0, MAX_SIDE // 2,
+                                                    request="vae_overlap", cli_default=DEFAULT_VAE_OVERLAP))
     vae_backend: str = _setting(AUTO, Option(
         "Where the VAE decoder runs: onnx / rknn run the fixed-shape tiles of the VAE set (its tile size must be the "
         "VAE tile size), blended on the host; auto: torch or onnx, whichever this CPU decodes the image faster with "
@@ -245,12 +250,15 @@ class GenerationParams:
         for name, text in (("prompt", self.prompt), ("negative prompt", self.negative)):
             check_text(name, text)
             parse_prompt_weights(text)  # refuses nesting beyond its bound now, not after the models load
+        # Without a VAE set the tiles left unset are the defaults, checked now; a set's are its own (prepare()).
+        tiles = ({"vae_tile": self.vae_tile, "vae_overlap": self.vae_overlap} if self.vae_subgraphs is not None
+                 else dict(zip(("vae_tile", "vae_overlap"), vae_tiles(self))))
         for name, option in options():
-            value = getattr(self, name)
-            if option.kind == "int" and not (name == "threads" and value is None):  # None: as torch is set
+            value = tiles.get(name, getattr(self, name))
+            if option.kind == "int" and not (value is None and default(name) is None):  # None: prepare() fills it
                 low = 0 if name == "seed" else option.low  # a drawn seed was resolved in __post_init__
-
-                high = self.vae_tile // 2 if name == "vae_overlap" else option.high
+                high = (tiles["vae_tile"] // 2 if name == "vae_overlap" and tiles["vae_tile"] is not None
+                        else option.high)
                 check_int(LABELS.get(name, name), value, low, high)
             elif option.kind == "number" and not (value is None and default(name) is None):
                 check_number(name, value, option.low, option.high)
@@ -260,9 +268,9 @@ class GenerationParams:
                 check_bool(name, value)
         if self.width % 16 or self.height % 16:
             raise AnimaError(f"width and height must be positive multiples of 16, got {self.width}x{self.height}")
-        if self.vae_tile % 8 or self.vae_overlap % 8:
+        if any(value is not None and value % 8 for value in tiles.values()):
             raise AnimaError(f"VAE tile size and overlap must be multiples of 8 pixels, "
-                             f"got {self.vae_tile} and {self.vae_overlap}")
+                             f"got {tiles['vae_tile']} and {tiles['vae_overlap']}")
         if self.vae_backend in ("torch", AUTO) and self.vae_subgraphs is not None:
             raise AnimaError(f"a VAE set (--vae-subgraphs) runs on --vae-backend onnx or rknn, not {self.vae_backend}"
                              + (" (which exports and caches its own)" if self.vae_backend == AUTO else ""))

@@ -26,7 +26,7 @@ from ..core.tensorfile import fingerprint, read_shapes
 from ..core.threads import use_threads
 from ..engine import FirstBlockProbe, RknnOptions, make_engine, subgraph_manifest
 from ..engine.backends.rknn import check_runtime
-from ..engine.vae_plan import DecodePlan, plan_decode, plan_encode
+from ..engine.vae_plan import DecodePlan, plan_decode, plan_encode, vae_tiles
 from ..engine.vae_tiles import open_tile_decoder, open_tile_encoder, vae_set_manifest
 from ..errors import AnimaError
 from ..export.manifest import MANIFEST
@@ -58,6 +58,7 @@ from .params import DTYPES, MAX_PROMPT_TOKENS, DenoisePass, GenerationParams
 from .prompt_schedule import CallConditioning, call_texts, distinct_texts, pass_cache
 from .result import Conditioning, Denoised, GenerationResult, passes_per_call
 from .resume import Interrupted
+from .run_plan import PassPlan, RunPlan
 
 if TYPE_CHECKING:
     from .resume import Checkpoints, ResumeState
@@ -359,27 +360,32 @@ class AnimaPipeline:
                              f"{self.files.vae.name}; no image was written")
         return np.ascontiguousarray(z.numpy(), dtype=np.float32), time.perf_counter() - start
 
-    def prepare(self, params: GenerationParams) -> DecodePlan:
-        """Everything about a run that can be checked before the models load: the settings, the init image and
-        mask (read and checked), the subgraph sets (they fit this DiT and each pass's resolution), and the VAE's
-        memory. Returns how the run decodes its picture and encodes its image: the VAE tile sizes (None: one
-        piece), chosen from memory estimates against the free memory (what cannot fit is refused here), and the
-        VAE backend.
+    def prepare(self, params: GenerationParams, *, validated: bool = False) -> RunPlan:
+        """The run's plan (run_plan.RunPlan), once per run: everything that can be checked and decided before the
+        models load. The settings (validated here unless `validated`: the caller ran params.validate() on them, a
+        front end that refuses bad settings before its other checks), the init image and mask (read and checked),
+        each pass's schedule, step cache and subgraph set (they fit this DiT and the pass's resolution), the VAE's
+        memory: how the run decodes its picture and encodes its image, the VAE tile sizes (None: one piece),
+        chosen from memory estimates against the free memory (what cannot fit is refused here), and the VAE
+        backend; the model files' fingerprints.
         The LoRAs are matched to this DiT, and an exported set must have been baked with the same ones.
         --vae-backend auto is decided here (probed, and its ONNX set exported, before any denoising).
-        From here on this thread's torch, and the ONNX Runtime sessions the run opens, use params.threads; None
-        (the Python API's default) is filled in with torch's threads now, so the run's records name them."""
-        params.validate()
+        Filled in `params` now, so the run's records name them: threads (None, the Python API's default: torch's
+        threads now; from here on this thread's torch, and the ONNX Runtime sessions the run opens, use them) and
+        the VAE tile and overlap (None: the VAE set's, else the default; engine.vae_plan.vae_tiles)."""
+        if not validated:
+            params.validate()
         if params.threads is None:
             params.threads = torch.get_num_threads()
         with threads_kept_if_refused():
             use_threads(params.threads)  # now: the VAE probe below runs on them
             return self._prepare(params)
 
-    def _prepare(self, params: GenerationParams) -> DecodePlan:
+    def _prepare(self, params: GenerationParams) -> RunPlan:
+        params.vae_tile, params.vae_overlap = vae_tiles(params)
         loras = [lora.identity() for lora in self.open_loras(params.loras, params.lora_ignore_unmatched)]
-        passes = params.passes()
-        for index, denoise_pass in enumerate(passes):
+        passes = []
+        for index, denoise_pass in enumerate(params.passes()):
             refusal = fit_refusal(denoise_pass.cache_options, self.cache_fit) if denoise_pass.cache == "auto" else None
             if refusal is not None:
                 raise AnimaError(refusal)
@@ -391,17 +397,20 @@ class AnimaPipeline:
                                          denoise_pass.width, denoise_pass.height, loras=loras)
             if params.backend == "rknn":
                 check_runtime(manifest["rknn"], params.rknn.runtime)
+            passes.append(PassPlan(denoise_pass, subgraphs))
         prepare_source(params)
-        plan = self._vae_plan(params, passes[-1].width, passes[-1].height)
+        last = passes[-1].denoise_pass
+        lanczos = params.hires and params.hires_upscaler == "lanczos"
+        plan = self._vae_plan(params, last.width, last.height)
         encode_size = ((params.width, params.height) if params.init_image is not None
-                       else (passes[-1].width, passes[-1].height) if params.hires and params.hires_upscaler == "lanczos"
-                       else None)
+                       else (last.width, last.height) if lanczos else None)
         if encode_size is not None:
             plan = dataclasses.replace(plan, encode_tile=plan_encode(self.files.vae, self.vae_config, params, plan,
                                                                      *encode_size))
-        if params.hires and params.hires_upscaler == "lanczos":
-            self._vae_plan(params, params.width, params.height)  # the first pass's picture decodes too
-        return plan
+        first_decode = self._vae_plan(params, params.width, params.height) if lanczos else None
+        # A copy: settings the caller changes after this are not the plan's.
+        return RunPlan(self.files, dataclasses.replace(params), tuple(passes), plan, first_decode,
+                       self.fingerprints(params))
 
     def _vae_plan(self, params: GenerationParams, width: int, height: int) -> DecodePlan:
         """How a width x height picture decodes (prepare()'s plan, at that size)."""
@@ -420,43 +429,47 @@ class AnimaPipeline:
                 prints["hires_subgraphs"] = cached_sha256(Path(params.hires_subgraphs) / MANIFEST)
         return prints
 
-    def generate(self, params: GenerationParams, on_step: StepCallback | None = None, *,
+    def generate(self, run: RunPlan | GenerationParams, on_step: StepCallback | None = None, *,
                  checkpoints: Checkpoints | None = None, resume: ResumeState | None = None,
                  interrupt: Callable[[], bool] | None = None) -> GenerationResult:
-        """encode -> denoise (every pass) -> decode. `checkpoints` writes resume states as the run goes (and ends
+        """encode -> denoise (every pass) -> decode, as prepare()'s plan says (settings given instead are
+        prepared here: the Python API's one call). `checkpoints` writes resume states as the run goes (and ends
         it with Interrupted when its stop() turns true); `resume` continues a stopped run, refused unless it was
         made with these settings, images and model files. `interrupt` ends the run after the step where it turns
         true (one step at least) with the picture as far as it got: that step's x0 decoded (render())."""
-        if not isinstance(params, GenerationParams):
-            raise AnimaError("generate takes a GenerationParams")
-        with threads_kept_if_refused():  # prepare()'s threads, taken back when the resume state is refused
-            plan = self.prepare(params)
-            fingerprints = self.fingerprints(params) if checkpoints is not None or resume is not None else None
+        if not isinstance(run, (RunPlan, GenerationParams)):
+            raise AnimaError("generate takes a RunPlan (prepare()) or a GenerationParams")
+        with threads_kept_if_refused():  # the plan's threads, taken back when the resume state is refused
+            plan = self.prepare(run) if isinstance(run, GenerationParams) else run
+            plan.check_files(self.files)
+            use_threads(plan.params.threads)
             if resume is not None:
-                resume.check_settings(params)
-                resume.check_model(fingerprints, (1, self.dit_config.context_tokens, self.dit_config.context_dim))
+                resume.check_settings(plan.params)
+                resume.check_model(plan.fingerprints,
+                                   (1, self.dit_config.context_tokens, self.dit_config.context_dim))
+        params = plan.params
         # A resume state keeps the first call's contexts only: an edited prompt's texts are encoded again.
         conditioning = (resume.conditioning if resume is not None and not _edited(params)
                         else self._encode_once(params))
         if checkpoints is not None:
             checkpoints.stop_before_denoising(params.steps)
-        rendered = self.render(conditioning, params, plan, on_step, checkpoints=checkpoints,
-                               fingerprints=fingerprints, resume=resume, interrupt=interrupt)
+        rendered = self.render(conditioning, plan, on_step, checkpoints=checkpoints, resume=resume,
+                               interrupt=interrupt)
         return GenerationResult(rendered.image, rendered.denoised.sample.latent, params, conditioning,
-                                rendered.denoised, rendered.decode_s, plan.backend, self.files.dit.name,
+                                rendered.denoised, rendered.decode_s, plan.decode.backend, self.files.dit.name,
                                 first_pass=rendered.first_pass, vae_encode_s=rendered.vae_encode_s,
                                 interrupted_at=rendered.interrupted_at)
 
-    def render(self, conditioning: Conditioning, params: GenerationParams, plan: DecodePlan,
-               on_step: StepCallback | None = None, *, checkpoints: Checkpoints | None = None,
-               fingerprints: dict[str, str | None] | None = None, resume: ResumeState | None = None,
+    def render(self, conditioning: Conditioning, plan: RunPlan, on_step: StepCallback | None = None, *,
+               checkpoints: Checkpoints | None = None, resume: ResumeState | None = None,
                interrupt: Callable[[], bool] | None = None) -> Rendered:
-        """Every denoising pass of `params` from the encoded prompts, then the picture (pasted back into the
+        """Every denoising pass of the plan from the encoded prompts, then the picture (pasted back into the
         init image when inpainting). The step events count the steps of all passes together. Interrupted
         (`interrupt`), the picture is the x0 reached, decoded at its pass's size: a hires fix interrupted in (or
         after) its first pass gives a first-pass picture."""
+        params = plan.params
         source = prepare_source(params)
-        passes = params.passes()
+        passes = [each.denoise_pass for each in plan.passes]
         first = resume.pass_index if resume is not None else 0
         done: list[Denoised] = []
         latent: np.ndarray | None = None
@@ -468,11 +481,11 @@ class AnimaPipeline:
                 interrupted_at = before
                 break
             resumed = resume if index == first else None
-            start, encode_s, first_decode_s = self._pass_start(params, plan, passes, index, source, latent, resumed)
+            start, encode_s, first_decode_s = self._pass_start(plan, index, source, latent, resumed)
             vae_encode_s, decode_s = vae_encode_s + encode_s, decode_s + first_decode_s
             listener = _pass_progress(on_step, passes, index)
             if checkpoints is not None:
-                listener = checkpoints.listener(params, fingerprints, conditioning, listener, resumed, index)
+                listener = checkpoints.listener(params, plan.fingerprints, conditioning, listener, resumed, index)
             try:
                 done.append(self.denoise(conditioning, params, on_step=listener, resume=resumed, start=start,
                                          interrupt=interrupt))
@@ -487,18 +500,19 @@ class AnimaPipeline:
         last = passes[done[-1].pass_index]
         if done[-1].sample.finite and (len(done) == len(passes) - first or interrupted_at is not None):
             # never decode a latent with NaN/Inf; a pass that is not the last decodes at its own size
-            decode_plan = plan if last is passes[-1] else self._vae_plan(params, last.width, last.height)
+            decode_plan = (plan.decode if last is passes[-1]
+                           else plan.first_decode or self._vae_plan(params, last.width, last.height))
             image, last_decode_s = self.decode(done[-1].sample.latent, decode_plan, params.rknn)
             image, decode_s = finish(image, source), decode_s + last_decode_s
         return Rendered(done[-1], done[0] if len(done) > 1 else None, image, decode_s, vae_encode_s, interrupted_at)
 
-    def _pass_start(self, params: GenerationParams, plan: DecodePlan, passes: list[DenoisePass], index: int,
-                    source: Source | None, previous: np.ndarray | None,
+    def _pass_start(self, plan: RunPlan, index: int, source: Source | None, previous: np.ndarray | None,
                     resumed: ResumeState | None) -> tuple[PassStart, float, float]:
         """Pass `index`'s start and the seconds its VAE encode and decode took: noise (txt2img), the init image
         encoded and noised (img2img, inpainting), or the first pass upscaled and noised (hires; Lanczos decodes
         the first pass's picture and encodes it at the hires size). A resumed pass starts from
         its state's latent; an inpainting one encodes its image again for the part it keeps."""
+        params, passes = plan.params, [each.denoise_pass for each in plan.passes]
         denoise_pass = passes[index]
         if index == 0 and source is None:
             return PassStart(0, denoise_pass, None if resumed else initial_noise(params.seed, params.width,
@@ -507,16 +521,15 @@ class AnimaPipeline:
             return PassStart(index, denoise_pass, None), 0.0, 0.0
         sigma = float(denoise_pass.sigmas[0])
         if index == 0:
-            latent, encode_s = self.encode_image(source.image, plan, params.rknn)
+            latent, encode_s = self.encode_image(source.image, plan.decode, params.rknn)
             noise, content_noise = noise_draws(params.seed, [(denoise_pass.width, denoise_pass.height)] * 2)
             x, inpaint = start_latent(latent, noise, sigma, source, params, content_noise)
             return PassStart(0, denoise_pass, x, inpaint), encode_s, 0.0
         encode_s = decode_s = 0.0
         if params.hires_upscaler == "lanczos":
-            image, decode_s = self.decode(previous, self._vae_plan(params, passes[0].width, passes[0].height),
-                                          params.rknn)
-            latent, encode_s = self.encode_image(upscale_image(image, denoise_pass.width, denoise_pass.height), plan,
-                                                 params.rknn)
+            image, decode_s = self.decode(previous, plan.first_decode, params.rknn)
+            latent, encode_s = self.encode_image(upscale_image(image, denoise_pass.width, denoise_pass.height),
+                                                 plan.decode, params.rknn)
         else:
             latent = upscale_latent(previous, denoise_pass.width, denoise_pass.height, params.hires_upscaler)
         noise = noise_draws(params.seed, [(passes[0].width, passes[0].height),

@@ -17,6 +17,7 @@ from ..generation.params import GenerationParams, size_warning
 from ..generation.pipeline import AnimaPipeline
 from ..generation.result import NotFinite, Published, publish
 from ..generation.resume import Checkpoints, ResumeState, read_state
+from ..generation.run_plan import RunPlan
 from ..model.io import trained_image_size
 from ..sampling.sample import StepCallback
 
@@ -32,12 +33,13 @@ class JobRunner:
                  warn: Callable[[AnimaError], None] | None = None) -> None:
         self.pipeline, self.checkpoint_every, self.warn = pipeline, checkpoint_every, warn
 
-    def run(self, params: GenerationParams, *, state: Path | None, to: Path | None = None,
+    def run(self, run: RunPlan | GenerationParams, *, state: Path | None, to: Path | None = None,
             image: str | None = None, overwrite: bool = False, resume: ResumeState | None = None,
             on_step: StepCallback | None = None, stop: Callable[[], bool] = lambda: False,
             interrupt: Callable[[], bool] | None = None) -> Published:
-        """Generate `params` and publish the result (result.publish: to the path `to`, or as bytes; `image` is
-        where the record says the picture is). Checkpoints go to `state`; `resume` continues a stopped run. When
+        """Generate `run` (pipeline.prepare()'s plan, made when the driver checked the job; settings are prepared
+        here) and publish the result (result.publish: to the path `to`, or as bytes; `image` is where the record
+        says the picture is). Checkpoints go to `state`; `resume` continues a stopped run. When
         `stop()` turns true the run ends at the next step boundary with resume.Interrupted, its state kept
         (without a `state` there is nothing to resume, so such a run is not stopped). When `interrupt()` turns
         true the run ends after that step (one step at least) and its picture as far as it got is published, the
@@ -50,7 +52,7 @@ class JobRunner:
         checkpoints = (Checkpoints(state, self.checkpoint_every, stop=stop, warn=self.warn)
                        if state is not None else None)
         try:
-            result = self.pipeline.generate(params, on_step, checkpoints=checkpoints, resume=resume,
+            result = self.pipeline.generate(run, on_step, checkpoints=checkpoints, resume=resume,
                                             interrupt=interrupt)
             published = publish(result, to, image=image, overwrite=overwrite)
         except NotFinite:
@@ -59,7 +61,7 @@ class JobRunner:
             raise
         if checkpoints is not None:
             checkpoints.remove()  # published: nothing left to resume
-        warning = size_warning(params, trained_image_size(self.pipeline.files.dit))
+        warning = size_warning(result.params, trained_image_size(self.pipeline.files.dit))
         if warning:  # every front end's record says so (a 64-px model asked for 512 px draws a flat field)
             published.record["warnings"] = [warning]
         return published

@@ -23,6 +23,7 @@ from ..core.files import free_space, human_size, output_folder
 from ..errors import AnimaError
 from ..generation.params import SETTINGS, GenerationParams
 from ..generation.pipeline import AnimaPipeline
+from ..generation.run_plan import RunPlan
 from ..model.model_set import ModelFiles
 from .store import (
     FINISHED,
@@ -66,6 +67,7 @@ class JobQueue:
         self._lock = threading.Condition()
         self.decodes = DecodeTurns()
         self._jobs: dict[str, Job] = {}
+        self._plans: dict[str, RunPlan] = {}  # a waiting job's run, planned at submission (submit_all)
         self._waiting: deque[Job] = deque()
         self.current: Job | None = None
         self._stopping = False
@@ -139,18 +141,26 @@ class JobQueue:
         """The pipeline of a served model: the one running now, or one that has read its files' headers only."""
         return self.worker.pipeline_for(model)
 
-    def submit_all(self, batch: list[GenerationParams], model: str | None = None) -> list[Job]:
+    def submit_all(self, batch: list[GenerationParams], model: str | None = None, *,
+                   validated: bool = False) -> list[Job]:
         """Queue every job of a request, or none: a batch that does not fit is refused whole. `model`: the
-        served model they run on (None: the queue's first)."""
+        served model they run on (None: the queue's first); `validated`: the settings went through validate()
+        (a request's, Server.params), so preparing them does not validate them again."""
         self._check_space(batch)  # first: checking a request may take seconds (a VAE probe)
         model = model if model is not None or not self.models else next(iter(self.models))
         pipeline = self.pipeline_for(model)
-        checked: list[GenerationParams] = []  # a request's jobs differ in their seeds: its images are read once
+        # Each job's run is planned now and kept until the worker runs it; a request's jobs differ in their seeds,
+        # so its setting is prepared once (its images read once).
+        prepared: list[tuple[GenerationParams, RunPlan]] = []
+        runs: list[RunPlan] = []
         for params in batch:
-            if (unseeded := dataclasses.replace(params, seed=0)) not in checked:
-                self._checked(pipeline, params)
-                checked.append(unseeded)
-        jobs = [Job(secrets.token_hex(8), params, time.time(), model=model) for params in batch]
+            unseeded = dataclasses.replace(params, seed=0)
+            plan = next((plan for seen, plan in prepared if seen == unseeded), None)
+            if plan is None:
+                plan = self._checked(pipeline, params, validated)
+                prepared.append((unseeded, plan))
+            runs.append(plan.for_settings(params))
+        jobs = [Job(secrets.token_hex(8), run.params, time.time(), model=model) for run in runs]
         with self._lock:
             if len(self._waiting) + len(jobs) > self.max_queue:
                 raise QueueFull(f"the queue is full ({len(self._waiting)} of {self.max_queue} jobs waiting, "
@@ -162,23 +172,29 @@ class JobQueue:
             except StoreError:
                 self._remove_unused_inputs()
                 raise
-            for job in jobs:
+            for job, run in zip(jobs, runs):
                 self._jobs[job.id] = job
+                self._plans[job.id] = run
                 self._waiting.append(job)
             self._lock.notify_all()
         self._prune()
         return jobs
 
-    def _checked(self, pipeline: AnimaPipeline, params: GenerationParams) -> None:
-        """Every setting checked now (a bad request is a 400, not a failed job), its pictures decoded in a turn of
+    def _checked(self, pipeline: AnimaPipeline, params: GenerationParams, validated: bool) -> RunPlan:
+        """The job's plan: every setting checked now (a bad request is a 400, not a failed job), its pictures decoded in a turn of
         the decodes (uploads.DecodeTurns: ServerBusy when none comes)."""
         if not image_inputs(params):
-            pipeline.prepare(params)
-            return
+            return pipeline.prepare(params, validated=validated)
         with self.decodes.turn():
-            pipeline.prepare(params)
+            return pipeline.prepare(params, validated=validated)
 
     # ---- the jobs -------------------------------------------------------------------------------------------
+
+    def plan(self, job: Job) -> RunPlan | None:
+        """The run planned for `job` at its submission (taken: a job runs its plan once); None for a job read
+        back from the store after a restart, which is a new run and is planned again."""
+        with self._lock:
+            return self._plans.pop(job.id, None)
 
     def get(self, job_id: str) -> Job | None:
         return self._jobs.get(job_id)
@@ -326,6 +342,8 @@ class JobQueue:
             log.warning("job %s %s: %s", job.id, state, error)
             error = self._public(job, error)
         job.state, job.error, job.preview = state, error, None
+        with self._lock:
+            self._plans.pop(job.id, None)
         job.params = without_bytes(job.params)  # up to tens of MiB per upload: a finished job needs its sha256 only
         try:
             self.store.save(job)

@@ -270,7 +270,7 @@ class Server:
             raise BadRequest(f"at most {MAX_IMAGES} images per request")
         model = model or self.models.current
         jobs = self.queue.submit_all([dataclasses.replace(params, seed=(params.seed + i) % 2**64)
-                                      for i in range(count)], model.name)
+                                      for i in range(count)], model.name, validated=True)  # by params()
         if (warning := self.size_warning(params, model)) is not None:
             log.warning("job %s: %s", jobs[0].id, warning)
         return jobs

@@ -19,6 +19,7 @@ from ..checks import shown
 from ..errors import AnimaError
 from ..generation.pipeline import AnimaPipeline
 from ..generation.resume import Interrupted
+from ..generation.run_plan import RunPlan
 from ..jobs.runner import JobRunner, saved_state
 from ..model.model_set import ModelFiles
 from ..sampling.sample import StepEvent
@@ -41,6 +42,9 @@ class Jobs(Protocol):
         """The job's row says generating (StoreError: it cannot run now)."""
 
     def finish(self, job: Job, state: str, error: str | None = None) -> None: ...
+
+    def plan(self, job: Job) -> RunPlan | None:
+        """The run planned for the job at its submission; None when it must be planned again."""
 
     def requeue(self, job: Job) -> None:
         """The job stopped by a shutdown waits for the next start."""
@@ -136,7 +140,10 @@ class Worker:
     def _run(self, job: Job) -> None:
         state, to = self.jobs.state_path(job), self.jobs.image_path(job)
         try:
-            published = self.runner.run(job.params, state=state, to=to, overwrite=True,
+            # The plan made at submission; a job read back from the store after a restart is a new run, planned now
+            # (its settings were validated when it was read).
+            plan = self.jobs.plan(job) or self.pipeline.prepare(job.params, validated=True)
+            published = self.runner.run(plan, state=state, to=to, overwrite=True,
                                         image=f"/api/jobs/{job.id}/image", resume=saved_state(state),
                                         on_step=lambda event: self.on_step(job, event), stop=job.cancel.is_set,
                                         interrupt=job.interrupt.is_set)

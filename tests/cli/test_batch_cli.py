@@ -114,6 +114,23 @@ def test_every_option_batch_help_offers_is_taken(run_cli, model_dir, tiny_set, t
         assert result.code == 1 and "no-jobs.jsonl" in result.err, (flag, result.err)
 
 
+def test_a_batch_on_a_vae_set_decodes_in_its_tiles(run_cli, model_dir, tiny_vae_onnx_set, tmp_path, one_thread):
+    """--vae-subgraphs with a set exported at 64-px tiles, overlap 16: a job that leaves the tile alone decodes in
+    the set's tiles, as generate and serve do (engine/vae_plan.py); a job line asking for another tile is refused
+    with its line before anything runs."""
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(json.dumps({"prompt": "a red circle"}) + "\n")
+    on_set = ("--model", model_dir, *FAST, "--vae-backend", "onnx", "--vae-subgraphs", tiny_vae_onnx_set)
+    result = run_cli("batch", jobs, *on_set, "--steps", "1", "--out", tmp_path / "out")
+    assert result.code == 0, result.err
+    [record] = _records(tmp_path / "out")
+    assert (record["params"]["vae_tile"], record["params"]["vae_overlap"], record["vae_backend"]) == (64, 16, "onnx")
+    jobs.write_text(json.dumps({"prompt": "a red circle", "vae_tile": 512}) + "\n")
+    refused = run_cli("batch", jobs, *on_set, "--out", tmp_path / "other")
+    assert refused.code == 1 and "line 1: the VAE set in" in refused.err and "asked for 512" in refused.err
+    assert not (tmp_path / "other").exists()
+
+
 def test_another_batch_s_folder_is_refused(run_cli, model_dir, tmp_path, one_thread):
     for name, prompt in (("a.txt", "cat"), ("b.txt", "dog")):
         (tmp_path / name).write_text(prompt + "\n")

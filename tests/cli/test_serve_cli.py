@@ -185,3 +185,43 @@ def test_a_real_server_takes_its_secrets_privately_and_holds_its_port_and_data_d
             with contextlib.suppress(ProcessLookupError):
                 first.terminate()
             first.wait(timeout=60)
+
+
+def _call(url: str, body: dict | None = None) -> tuple[int, dict]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_a_server_started_with_a_vae_set_decodes_in_its_tiles(tmp_path, model_dir, tiny_vae_onnx_set):
+    """serve --vae-subgraphs with a set exported at 64-px tiles, overlap 16 (not the default 512 / 64): a request
+    that leaves the tile alone decodes in the set's tiles, as generate and batch do (engine/vae_plan.py); one that
+    asks for another tile is a 400."""
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    with open(tmp_path / "log.txt", "w") as log:
+        server = _serve("--port", port, "--data-dir", tmp_path / "data", "--model", model_dir, "--threads", "1",
+                        "--vae-backend", "onnx", "--vae-subgraphs", tiny_vae_onnx_set, log=log)
+        try:
+            deadline = time.monotonic() + 300
+            while _get(f"{base}/api/jobs", {}) != 200:
+                assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()
+                time.sleep(0.2)
+            code, job = _call(f"{base}/api/jobs", {"prompt": "a red circle", "width": 64, "height": 64, "steps": 1})
+            assert code == 200, job
+            while job["state"] not in ("completed", "failed", "cancelled"):
+                assert time.monotonic() < deadline, (tmp_path / "log.txt").read_text()
+                time.sleep(0.2)
+                code, job = _call(f"{base}/api/jobs/{job['id']}")
+            assert job["state"] == "completed", job
+            assert (job["params"]["vae_tile"], job["params"]["vae_overlap"], job["result"]["vae_backend"]) == (
+                64, 16, "onnx")
+            code, refused = _call(f"{base}/api/jobs", {"prompt": "x", "width": 64, "height": 64, "vae_tile": 512})
+            assert code == 400 and "was made for VAE tile size 64, asked for 512" in json.dumps(refused), refused
+        finally:
+            server.terminate()
+            server.wait(timeout=60)

@@ -68,9 +68,9 @@ def test_generate_decodes_on_the_onnx_backend_like_torch(run_cli, model_dir, tin
 
 @pytest.mark.parametrize(("args", "message"), [
     (("--vae-backend", "onnx", "--vae-subgraphs", "SET", "--vae-tile-size", "96"),
-     "was made for VAE tile size 64, --vae-tile-size asks for 96: drop it or export another set"),
+     "was made for VAE tile size 64, asked for 96: leave it out (--vae-tile-size; a request's vae_tile) or export"),
     (("--vae-backend", "onnx", "--vae-subgraphs", "SET", "--vae-tile-overlap", "8"),
-     "was made for VAE tile overlap 16, --vae-tile-overlap asks for 8: drop it or export another set"),
+     "was made for VAE tile overlap 16, asked for 8: leave it out (--vae-tile-overlap; a request's vae_overlap)"),
     (("--vae-backend", "onnx"), "needs an exported VAE set (--vae-subgraphs DIR)"),
     (("--vae-backend", "torch", "--vae-subgraphs", "SET"), "runs on --vae-backend onnx or rknn, not torch"),
     (("--vae-subgraphs", "SET"), "runs on --vae-backend onnx or rknn, not auto (which exports and caches its own)"),

@@ -160,7 +160,7 @@ def test_prepare_plans_the_decode_on_the_faster_backend(fresh_cache, tiny_set, r
     write_probe(ratio)
     pipeline = AnimaPipeline(tiny_set)
     params = GenerationParams("a red circle", width=112, height=112, vae_tile=64, vae_overlap=16, vae_tiling=tiling)
-    plan = pipeline.prepare(params)
+    plan = pipeline.prepare(params).decode
     assert (plan.tile, plan.overlap, plan.backend) == (tile, 16, backend)
     assert (plan.subgraphs is not None) == (backend == "onnx")
     assert params.vae_backend == "auto"  # the request keeps what it asked for

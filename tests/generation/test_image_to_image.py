@@ -75,7 +75,7 @@ def test_a_lower_strength_stays_nearer_the_init_image(pipeline, init, one_thread
     # In latents: the tiny set's VAE is random, so its pixels say nothing about nearness (the demo model's
     # figures are in benchmarks/image_to_image.py).
     params = dataclasses.replace(BASE, init_image=init)
-    encoded, _ = pipeline.encode_image(prepare_source(params).image, pipeline.prepare(params))
+    encoded, _ = pipeline.encode_image(prepare_source(params).image, pipeline.prepare(params).decode)
     errors = [np.abs(pipeline.generate(dataclasses.replace(params, strength=s)).latent - encoded).mean()
               for s in (0.2, 0.6, 1.0)]
     assert errors[0] < errors[1] < errors[2]
@@ -87,7 +87,7 @@ def test_inpainting_keeps_the_original_outside_the_mask(pipeline, init, tmp_path
     params = dataclasses.replace(BASE, init_image=init, mask=mask, strength=0.9, mask_blur=4, sampler=sampler)
     result = pipeline.generate(params)
     source = prepare_source(params)
-    encoded, _ = pipeline.encode_image(source.image, pipeline.prepare(params))
+    encoded, _ = pipeline.encode_image(source.image, pipeline.prepare(params).decode)
     outside = latent_mask(source.mask, 8, 8)[0, 0] == 0
     assert outside.sum() >= 16  # the latent columns no blurred mask pixel reaches (a Gaussian reaches 3 radii)
     assert np.array_equal(result.latent[0][:, outside], encoded[0][:, outside])

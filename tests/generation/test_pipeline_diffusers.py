@@ -176,7 +176,7 @@ def test_img2img_matches_diffusers_anima_img2img_blocks(tiny_set: ModelFiles, tm
                               seed=SEED, shift=SHIFT, dtype="fp32", vae_backend="torch",
                               init_image=ImageInput.from_path(tmp_path / "init.png"), strength=strength)
     pipeline = AnimaPipeline(tiny_set)
-    encoded, _ = pipeline.encode_image(picture, pipeline.prepare(params))
+    encoded, _ = pipeline.encode_image(picture, pipeline.prepare(params).decode)
     # The encoder: the same normalised posterior mean (fp32 both; summation order only).
     assert _relative(encoded, theirs["image_latents"][:, :, 0]) < 1e-5
     ours = pipeline.generate(params)

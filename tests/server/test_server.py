@@ -162,6 +162,15 @@ def test_the_settings_a_request_may_give_come_from_the_table_with_the_servers_de
         queue.cancel(queue.get(status["id"]))
 
 
+def test_a_job_is_validated_and_prepared_once_at_submission(server, run_counts):
+    """The request's settings are validated, the job's run planned when it is submitted (a bad request is a 400),
+    and the worker runs that plan (generation/run_plan.py)."""
+    url, queue = server
+    code, job = call(f"{url}/api/jobs", {"prompt": "a cat", **SMALL, "seed": 4})
+    assert code == 200 and queue.get(job["id"]).done.wait(120) and queue.get(job["id"]).state == "completed"
+    assert run_counts == {"validate": 1, "prepare": 1}
+
+
 def test_native_jobs_queue_run_and_report(server):
     url, _ = server
     code, job = call(f"{url}/api/jobs", {"prompt": "a cat", **SMALL, "seed": 3, "cache": "spectrum"})
