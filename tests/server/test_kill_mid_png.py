@@ -5,6 +5,7 @@ folder runs the job to a whole PNG and leaves no temporary behind."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -62,7 +63,7 @@ def _temporaries(data: Path, job: str = "") -> list[Path]:
 
 def _stop_mid_write(worker: int, data: Path, job: str, seconds: float = 120) -> Path | None:
     """Watch the data folder (every millisecond) for the job's PNG temporary and SIGSTOP the server's worker the
-    moment it appears. Returns the temporary, or None if the job's PNG was published before the server could be stopped."""
+    moment it appears. Returns the temporary, or None if the job's PNG was published before the worker stopped."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         for temporary in _temporaries(data, f"{job}.png."):
@@ -96,8 +97,9 @@ def test_a_server_killed_during_a_png_write_leaves_no_partial_png_and_the_job_fi
             os.kill(worker, signal.SIGKILL)  # kill -9 (the watcher then ends too, with its one line)
             assert server.wait(timeout=60) == 128 + signal.SIGKILL
         finally:
-            if server.poll() is None:
-                server.kill()
+            if server.poll() is None:  # the test failed: no stopped worker is left behind
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker, signal.SIGKILL)
                 server.wait()
         half = temporary.read_bytes()
         # Cut mid-write: empty (PIL compresses before its first write) or the PNG's first chunks without its end.
