@@ -1,12 +1,14 @@
-"""The server on the demo model under mixed load for a set time, with a SIGTERM and a restart in the middle:
-N clients submitting txt2img and img2img with large pictures (native async jobs and A1111's blocking calls),
-polling /sdapi/v1/progress, cancelling and interrupting, on loopback only. Reports jobs accepted / completed /
-cancelled / failed / refused (4xx/5xx answers), lost (accepted jobs the server no longer knows or never finished
-after the restart: must be 0), /progress latency p50 / p99, and the server's peak RSS.
+"""The server on the demo model under mixed load for a set time, stopped twice and restarted (a SIGTERM at a third
+of the time, a SIGKILL of the serving process at two thirds): N clients submitting txt2img and img2img with large
+pictures (native async jobs and A1111's blocking calls), polling /sdapi/v1/progress, cancelling and interrupting,
+on loopback only. Each stop comes once an A1111 call is waiting for its answer: a SIGTERM lets the calls in flight
+finish, a SIGKILL cuts them. Reports jobs accepted / completed / cancelled / failed / refused (4xx/5xx answers),
+lost (accepted jobs the server no longer knows or never finished after the restarts: must be 0), /progress latency
+p50 / p99, and the server's peak RSS.
 
 A job is accepted when the server stores it. Every request carries its own prompt, and after the run each is
 looked up in the store through /api/jobs, whether or not it was answered: an A1111 blocking call cut by the
-SIGTERM gets no answer while its job runs after the restart. Each accepted job must end completed, cancelled or
+SIGKILL gets no answer while its job runs after the restart. Each accepted job must end completed, cancelled or
 failed; one that does not, or an answer of 200 whose job the store does not know, is lost. A request that got no
 answer and has no job in the store was never accepted (cut before its job was stored, or sent while the server
 was down); a 4xx/5xx answer without a job is refused.
@@ -106,10 +108,16 @@ class Server:
             if peak:
                 self.peak_rss_mib = max(self.peak_rss_mib, int(peak[1]) / 1024)
 
-    def stop(self) -> int:
+    def stop(self, how: signal.Signals = signal.SIGTERM) -> int:
+        """SIGTERM the server (it finishes the requests in flight, a running job keeps its state), or SIGKILL the
+        process that serves (the command's watcher forks it: a crash, every request in flight cut)."""
         assert self.process is not None
         self.sample_rss()
-        self.process.send_signal(signal.SIGTERM)
+        if how == signal.SIGKILL:
+            worker = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()[0]
+            os.kill(int(worker), signal.SIGKILL)
+        else:
+            self.process.send_signal(how)
         return self.process.wait(timeout=600)
 
 
@@ -124,6 +132,7 @@ class Tally:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.requests: dict[str, tuple[str, int]] = {}  # each request's prompt (its own) -> (API, answer's code)
+        self.blocking = 0  # A1111 calls waiting for their answer now
         self.progress_s: list[float] = []
 
 
@@ -140,9 +149,12 @@ def client(server: Server, tally: Tally, until: float, seed: int, big: str) -> N
             if kind == "img2img":
                 body |= {"init_images": [big], "denoising_strength": 0.5}
             api = "native" if kind in ("native", "cancel") else "A1111"
+            with tally.lock:
+                tally.blocking += api == "A1111"
             code, answer = call(f"{server.url}/{'api/jobs' if api == 'native' else f'sdapi/v1/{kind}'}", body)
             with tally.lock:
                 tally.requests[body["prompt"]] = api, code
+                tally.blocking -= api == "A1111"
             if kind == "cancel" and code == 200 and isinstance(answer, dict):
                 call(f"{server.url}/api/jobs/{answer['id']}/cancel", {})
             if code in (0, DOWN):
@@ -207,9 +219,12 @@ def main() -> None:
                    range(args.clients)] + [threading.Thread(target=poller, args=(server, tally, until))]
         for thread in threads:
             thread.start()
-        time.sleep(args.seconds / 2)
-        stopped_with = server.stop()  # SIGTERM in the middle: running jobs keep their state
-        server.start()
+        stops = []
+        for how, at in ((signal.SIGTERM, 1 / 3), (signal.SIGKILL, 2 / 3)):
+            while time.monotonic() < began + args.seconds * at or not tally.blocking and time.monotonic() < until:
+                time.sleep(0.05)  # each stop comes while an A1111 call waits for its answer
+            stops.append(f"a {how.name} at {time.monotonic() - began:.0f} s (exit {server.stop(how)})")
+            server.start()
         for thread in threads:
             thread.join()
         deadline = time.monotonic() + args.drain
@@ -240,8 +255,7 @@ def main() -> None:
                                            Path("/proc/cpuinfo").read_text()))))
     print(f"{os.cpu_count()} CPUs ({flags}), load average {os.getloadavg()[0]:.1f} at the end; {args.clients} clients "
           f"for {args.seconds:g} s, img2img pictures {args.picture}x{args.picture} noise PNGs "
-          f"({len(big) / 2**20:.1f} MiB of base64), a SIGTERM (exit {stopped_with}) and a restart at "
-          f"{args.seconds / 2:g} s\n")
+          f"({len(big) / 2**20:.1f} MiB of base64), {' and '.join(stops)}, each followed by a restart\n")
     print("| accepted (native / A1111) | completed | cancelled | failed | lost | unanswered: cut, job stored / "
           "cut before stored / sent while down | refused | /progress p50 / p99 (n) | peak RSS |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")

@@ -261,6 +261,20 @@ def replaced_folder(folder: Path) -> Iterator[Path]:
     shutil.rmtree(stale, ignore_errors=True)
 
 
+def move_files(moves: Iterable[tuple[Path, Path, bool]]) -> None:
+    """Finished files (`source`, `target`, `overwrite`), each moved into place by a rename (no space needed, so no
+    full disk stops it half-way): every target is checked first, under atomic_path's rules, so one that may not be
+    replaced refuses them all before any moves; a target that appears meanwhile is refused and stays as it is."""
+    moves = list(moves)
+    for _, target, overwrite in moves:
+        _check_target(target, overwrite)
+    for source, target, overwrite in moves:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _publish(source, target, overwrite)
+        source.unlink(missing_ok=True)  # still there after a hard link
+        _sync(target.parent)
+
+
 def link_or_copy(source: str | os.PathLike, target: str | os.PathLike, *, overwrite: bool) -> None:
     """`target` with `source`'s bytes: a hard link where the file system allows (no second copy of a large
     file), else a copy; published whole, under atomic_path's rules."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-from collections.abc import Callable
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import check_int
-from ..core.files import check_name, check_space, held_folder, output_folder, parameter_bytes, write_json
+from ..core.files import (check_name, check_space, held_folder, move_files, output_folder, parameter_bytes,
+                          write_json)
 from ..core.tensorfile import load_tensors, read_metadata, save_tensors
 from ..core.threads import AUTO_THREADS, MAX_THREADS, resolve_threads, use_threads
 from ..errors import AnimaError
@@ -253,7 +254,7 @@ def _stage_metadata(config: DemoConfig, result: StageResult) -> dict[str, str]:
             META_PREFIX + "image_size": str(dataset.IMAGE_SIZE)}
 
 
-def _write_text_side(out: Path, work: Path, config: DemoConfig, replace: Callable[[Path], bool]) -> ModelFiles:
+def _write_text_side(out: Path, work: Path, config: DemoConfig) -> ModelFiles:
     """Both word tokenizers and the frozen random Qwen3 (deterministic, so rewriting on resume is harmless)."""
     qwen_dir, t5_dir = out / LAYOUT["qwen_tokenizer"], out / LAYOUT["t5_tokenizer"]
     # The sample words of make-tiny too, so that the default negative prompt is made of known words.
@@ -266,7 +267,7 @@ def _write_text_side(out: Path, work: Path, config: DemoConfig, replace: Callabl
     write_random_text_encoder(written, vocab=tokenizer.qwen.get_vocab_size(), seed=config.seed + 1,
                               **dataclasses.asdict(config.text_encoder))
     _publish_with_metadata(written, encoder_path, {META_PREFIX + "config": config.to_json(),
-                                                   META_PREFIX + "seed": str(config.seed)}, replace(encoder_path))
+                                                   META_PREFIX + "seed": str(config.seed)}, False)
     return ModelFiles(dit=out / LAYOUT["dit"] / DIT_FILE, text_encoder=encoder_path,
                       vae=out / LAYOUT["vae"] / VAE_FILE, qwen_tokenizer=qwen_dir, t5_tokenizer=t5_dir)
 
@@ -300,26 +301,29 @@ def train_demo(out: str | Path, config: DemoConfig = DemoConfig(), threads: int 
     # own interrupted work (or --overwrite's to replace): one that appears later is not, and stays.
     with held_folder(lambda: output_folder(out, overwrite=overwrite, holds=holds, resumable=resumable)):
         check_resume(work, config, out)
-        present = {path for path in out.rglob("*.safetensors") if path.is_file()}
-
-        def replace(path: Path) -> bool:
-            return overwrite or path in present
-
+        # The files there now are this run's own (an interrupted run of an earlier version published its parts one
+        # by one) or --overwrite's to replace: one that appears later is not, and stays.
+        present = {path for path in out.rglob("*") if path.is_file() and work not in path.parents}
         work.mkdir(exist_ok=True)
         write_json(work / train_state.CONFIG_FILE, dataclasses.asdict(config), overwrite=True)
+        staging = work / train_state.SET_STAGING
+        shutil.rmtree(staging, ignore_errors=True)  # a stopped run's: rebuilt from the checkpoints
         use_threads(resolve_threads(threads))
-        files = _write_text_side(out, work, config, replace)
+        files = _write_text_side(staging, work, config)
         t5_vocab = PromptTokenizer.from_dirs(files.qwen_tokenizer, files.t5_tokenizer).t5.get_vocab_size()
         config = dataclasses.replace(config, dit=dataclasses.replace(config.dit, t5_vocab=t5_vocab))
 
         vae, vae_result = train_vae(config, work)
         save_vae(vae, work / VAE_FILE)
-        _publish_with_metadata(work / VAE_FILE, files.vae, _stage_metadata(config, vae_result), replace(files.vae))
+        _publish_with_metadata(work / VAE_FILE, files.vae, _stage_metadata(config, vae_result), False)
         store_preview_projection(files.vae, config)
 
         bank = CaptionBank(files, training_captions())
         dit, dit_result = train_dit(config, work, vae, bank)
-        save_dit(dit, files.dit, metadata=_stage_metadata(config, dit_result), overwrite=replace(files.dit))
-        from_model_dir(out)  # the set loads like any other
+        save_dit(dit, files.dit, metadata=_stage_metadata(config, dit_result), overwrite=False)
+        from_model_dir(staging)  # the set loads like any other, before it is published
+        staged = sorted((path for path in staging.rglob("*") if path.is_file()), key=lambda path: path == files.dit)
+        move_files((path, out / path.relative_to(staging), overwrite or out / path.relative_to(staging) in present)
+                   for path in staged)  # the DiT last: a set is whole once it is there
+        shutil.rmtree(staging)
         return {"vae": vae_result, "dit": dit_result}
-
