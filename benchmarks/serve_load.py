@@ -1,10 +1,10 @@
 """The server on the demo model under mixed load for a set time, stopped twice and restarted (a SIGTERM at a third
 of the time, a SIGKILL of the serving process at two thirds): N clients submitting txt2img and img2img with large
 pictures (native async jobs and A1111's blocking calls), polling /sdapi/v1/progress, cancelling and interrupting,
-on loopback only. Each stop comes once an A1111 call is waiting for its answer: a SIGTERM lets the calls in flight
-finish, a SIGKILL cuts them. Reports jobs accepted / completed / cancelled / failed / refused (4xx/5xx answers),
-lost (accepted jobs the server no longer knows or never finished after the restarts: must be 0), /progress latency
-p50 / p99, and the server's peak RSS.
+on loopback only. Each stop comes once an A1111 call waits for its answer with its job in the store: a SIGTERM
+lets the calls in flight finish, a SIGKILL cuts them. Reports jobs accepted / completed / cancelled / failed /
+refused (4xx/5xx answers), lost (accepted jobs the server no longer knows or never finished after the restarts:
+must be 0), /progress latency p50 / p99, and the server's peak RSS.
 
 A job is accepted when the server stores it. Every request carries its own prompt, and after the run each is
 looked up in the store through /api/jobs, whether or not it was answered: an A1111 blocking call cut by the
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import http.client
 import io
 import itertools
 import json
@@ -62,7 +63,7 @@ def call(url: str, body: object | None = None, method: str | None = None, timeou
             raw, code = response.read(), response.status
     except urllib.error.HTTPError as e:
         raw, code = e.read(), e.code
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as e:
+    except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError, OSError) as e:
         refused = isinstance(getattr(e, "reason", e), ConnectionRefusedError)
         return (DOWN if refused else 0), None  # the server is restarting: no answer
     try:
@@ -132,7 +133,7 @@ class Tally:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.requests: dict[str, tuple[str, int]] = {}  # each request's prompt (its own) -> (API, answer's code)
-        self.blocking = 0  # A1111 calls waiting for their answer now
+        self.waiting: set[str] = set()  # the prompts of the A1111 calls waiting for their answer now
         self.progress_s: list[float] = []
 
 
@@ -150,11 +151,12 @@ def client(server: Server, tally: Tally, until: float, seed: int, big: str) -> N
                 body |= {"init_images": [big], "denoising_strength": 0.5}
             api = "native" if kind in ("native", "cancel") else "A1111"
             with tally.lock:
-                tally.blocking += api == "A1111"
+                if api == "A1111":
+                    tally.waiting.add(body["prompt"])
             code, answer = call(f"{server.url}/{'api/jobs' if api == 'native' else f'sdapi/v1/{kind}'}", body)
             with tally.lock:
                 tally.requests[body["prompt"]] = api, code
-                tally.blocking -= api == "A1111"
+                tally.waiting.discard(body["prompt"])
             if kind == "cancel" and code == 200 and isinstance(answer, dict):
                 call(f"{server.url}/api/jobs/{answer['id']}/cancel", {})
             if code in (0, DOWN):
@@ -171,6 +173,14 @@ def poller(server: Server, tally: Tally, until: float) -> None:
                 tally.progress_s.append(time.perf_counter() - started)
         server.sample_rss()
         time.sleep(0.2)
+
+
+def call_stored(server: Server, tally: Tally) -> bool:
+    """Whether an A1111 call waits for its answer while its job is in the store, queued or running."""
+    code, page = call(f"{server.url}/api/jobs?limit=20")
+    with tally.lock:
+        return code == 200 and isinstance(page, list) and any(
+            job["params"]["prompt"] in tally.waiting and job["state"] not in FINISHED for job in page)
 
 
 def stored_jobs(server: Server) -> dict[str, str]:
@@ -221,8 +231,9 @@ def main() -> None:
             thread.start()
         stops = []
         for how, at in ((signal.SIGTERM, 1 / 3), (signal.SIGKILL, 2 / 3)):
-            while time.monotonic() < began + args.seconds * at or not tally.blocking and time.monotonic() < until:
-                time.sleep(0.05)  # each stop comes while an A1111 call waits for its answer
+            time.sleep(max(0.0, began + args.seconds * at - time.monotonic()))
+            while not call_stored(server, tally) and time.monotonic() < until:
+                time.sleep(0.2)  # each stop comes while an A1111 call waits for its stored job
             stops.append(f"a {how.name} at {time.monotonic() - began:.0f} s (exit {server.stop(how)})")
             server.start()
         for thread in threads:

@@ -143,11 +143,22 @@ def human_size(size: int) -> str:
     return f"{size} bytes"
 
 
-def free_space(folder: str | os.PathLike) -> int:
-    """Bytes free to this user in `folder` (or the nearest folder above it that exists)."""
+def _existing(folder: str | os.PathLike) -> Path:
+    """`folder`, or the nearest folder above it that exists (where its files will go)."""
     folder = Path(folder).absolute()
     while not folder.is_dir() and folder != folder.parent:
         folder = folder.parent
+    return folder
+
+
+def same_disk(folder: str | os.PathLike, other: str | os.PathLike) -> bool:
+    """Whether files of `folder` can be hard-linked into `other` (made, or to be made): one file system."""
+    return _existing(folder).stat().st_dev == _existing(other).stat().st_dev
+
+
+def free_space(folder: str | os.PathLike) -> int:
+    """Bytes free to this user in `folder` (or the nearest folder above it that exists)."""
+    folder = _existing(folder)
     try:
         return shutil.disk_usage(folder).free
     except OSError:  # cannot tell: nothing is refused on a guess
