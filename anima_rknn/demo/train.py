@@ -283,7 +283,8 @@ def estimated_size(config: DemoConfig) -> int:
 
 def train_demo(out: str | Path, config: DemoConfig = DemoConfig(), threads: int = AUTO_THREADS,
                overwrite: bool = False) -> dict[str, StageResult]:
-    """Train (or resume) the demo model set into `out` (model-directory layout; work files in out/.train).
+    """Train (or resume) the demo model set into `out` (model-directory layout; work files in out/.train). The set
+    is built in out/.train/set and moved into `out` only once it is whole, so a run stopped before leaves no set.
 
     `out` must be new, empty, or hold this run's own interrupted work; `overwrite` allows a folder that holds
     anything else (its model files are then replaced).
