@@ -21,8 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import check_int
-from ..core.files import (check_name, check_space, held_folder, move_files, output_folder, parameter_bytes,
-                          write_json)
+from ..core.files import check_name, check_space, held_folder, move_files, output_folder, parameter_bytes, write_json
 from ..core.tensorfile import load_tensors, read_metadata, save_tensors
 from ..core.threads import AUTO_THREADS, MAX_THREADS, resolve_threads, use_threads
 from ..errors import AnimaError
