@@ -1,8 +1,17 @@
-"""The server on the demo model under mixed load for a set time, with a SIGTERM and a restart in the middle:
-N clients submitting txt2img and img2img with large pictures (native async jobs and A1111's blocking calls),
-polling /sdapi/v1/progress, cancelling and interrupting, on loopback only. Reports jobs accepted / completed /
-cancelled / failed / refused (4xx/5xx answers), lost (accepted jobs the server no longer knows or never finished
-after the restart: must be 0), /progress latency p50 / p99, and the server's peak RSS.
+"""The server on the demo model under mixed load for a set time, stopped twice and restarted (a SIGTERM at a third
+of the time, a SIGKILL of the serving process at two thirds): N clients submitting txt2img and img2img with large
+pictures (native async jobs and A1111's blocking calls), polling /sdapi/v1/progress, cancelling and interrupting,
+on loopback only. Each stop comes once an A1111 call waits for its answer with its job in the store: a SIGTERM
+lets the calls in flight finish, a SIGKILL cuts them. Reports jobs accepted / completed / cancelled / failed /
+refused (4xx/5xx answers), lost (accepted jobs the server no longer knows or never finished after the restarts:
+must be 0), /progress latency p50 / p99, and the server's peak RSS.
+
+A job is accepted when the server stores it. Every request carries its own prompt, and after the run each is
+looked up in the store through /api/jobs, whether or not it was answered: an A1111 blocking call cut by the
+SIGKILL gets no answer while its job runs after the restart. Each accepted job must end completed, cancelled or
+failed; one that does not, or an answer of 200 whose job the store does not know, is lost. A request that got no
+answer and has no job in the store was never accepted (cut before its job was stored, or sent while the server
+was down); a 4xx/5xx answer without a job is refused.
 
     python benchmarks/serve_load.py [--seconds 120] [--clients 4] [--picture 2048]
 
@@ -13,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import base64
+import http.client
 import io
+import itertools
 import json
 import os
 import random
@@ -33,6 +44,8 @@ import numpy as np
 from PIL import Image
 
 SMALL = {"width": 64, "height": 64, "steps": 8}
+DOWN = -1  # call()'s code for a connection refused: nothing was sent (0: sent, but no answer came)
+FINISHED = ("completed", "cancelled", "failed")
 
 
 def free_port() -> int:
@@ -50,8 +63,9 @@ def call(url: str, body: object | None = None, method: str | None = None, timeou
             raw, code = response.read(), response.status
     except urllib.error.HTTPError as e:
         raw, code = e.read(), e.code
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return 0, None  # the server is restarting: no answer
+    except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError, OSError) as e:
+        refused = isinstance(getattr(e, "reason", e), ConnectionRefusedError)
+        return (DOWN if refused else 0), None  # the server is restarting: no answer
     try:
         return code, json.loads(raw)
     except ValueError:
@@ -95,10 +109,16 @@ class Server:
             if peak:
                 self.peak_rss_mib = max(self.peak_rss_mib, int(peak[1]) / 1024)
 
-    def stop(self) -> int:
+    def stop(self, how: signal.Signals = signal.SIGTERM) -> int:
+        """SIGTERM the server (it finishes the requests in flight, a running job keeps its state), or SIGKILL the
+        process that serves (the command's watcher forks it: a crash, every request in flight cut)."""
         assert self.process is not None
         self.sample_rss()
-        self.process.send_signal(signal.SIGTERM)
+        if how == signal.SIGKILL:
+            worker = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()[0]
+            os.kill(int(worker), signal.SIGKILL)
+        else:
+            self.process.send_signal(how)
         return self.process.wait(timeout=600)
 
 
@@ -112,44 +132,35 @@ def picture_b64(side: int, seed: int) -> str:
 class Tally:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.accepted: dict[str, str] = {}  # job id -> what was asked (run / cancel)
-        self.refused: dict[int, int] = {}
-        self.blocking = {"completed": 0, "no answer": 0}
+        self.requests: dict[str, tuple[str, int]] = {}  # each request's prompt (its own) -> (API, answer's code)
+        self.waiting: set[str] = set()  # the prompts of the A1111 calls waiting for their answer now
         self.progress_s: list[float] = []
-
-    def refuse(self, code: int) -> None:
-        with self.lock:
-            self.refused[code] = self.refused.get(code, 0) + 1
 
 
 def client(server: Server, tally: Tally, until: float, seed: int, big: str) -> None:
     rng = random.Random(seed)
-    while time.monotonic() < until:
+    for number in itertools.count():
+        if time.monotonic() >= until:
+            return
         kind = rng.choice(["native", "native", "img2img", "txt2img", "cancel", "interrupt"])
-        body = {"prompt": f"a red circle {seed}", **SMALL, "seed": rng.randrange(1 << 30)}
-        if kind in ("native", "cancel"):
-            code, answer = call(f"{server.url}/api/jobs", body)
-            if code == 200 and isinstance(answer, dict):
-                with tally.lock:
-                    tally.accepted[answer["id"]] = kind
-                if kind == "cancel":
-                    call(f"{server.url}/api/jobs/{answer['id']}/cancel", {})
-            elif code:
-                tally.refuse(code)
-        elif kind in ("img2img", "txt2img"):
+        body = {"prompt": f"a red circle {seed} {number}", **SMALL, "seed": rng.randrange(1 << 30)}
+        if kind == "interrupt":
+            call(f"{server.url}/sdapi/v1/interrupt", {})
+        else:
             if kind == "img2img":
                 body |= {"init_images": [big], "denoising_strength": 0.5}
-            code, _ = call(f"{server.url}/sdapi/v1/{kind}", body)
+            api = "native" if kind in ("native", "cancel") else "A1111"
             with tally.lock:
-                if code == 200:
-                    tally.blocking["completed"] += 1
-                elif code == 0:
-                    tally.blocking["no answer"] += 1
-                    time.sleep(1.0)  # the server is restarting: not a loop of refused connections
-            if code not in (0, 200):
-                tally.refuse(code)
-        else:
-            call(f"{server.url}/sdapi/v1/interrupt", {})
+                if api == "A1111":
+                    tally.waiting.add(body["prompt"])
+            code, answer = call(f"{server.url}/{'api/jobs' if api == 'native' else f'sdapi/v1/{kind}'}", body)
+            with tally.lock:
+                tally.requests[body["prompt"]] = api, code
+                tally.waiting.discard(body["prompt"])
+            if kind == "cancel" and code == 200 and isinstance(answer, dict):
+                call(f"{server.url}/api/jobs/{answer['id']}/cancel", {})
+            if code in (0, DOWN):
+                time.sleep(1.0)  # the server is restarting: not a loop of refused connections
         time.sleep(rng.uniform(0.0, 0.5))
 
 
@@ -162,6 +173,37 @@ def poller(server: Server, tally: Tally, until: float) -> None:
                 tally.progress_s.append(time.perf_counter() - started)
         server.sample_rss()
         time.sleep(0.2)
+
+
+def call_stored(server: Server, tally: Tally) -> bool:
+    """Whether an A1111 call waits for its answer while its job is in the store, queued or running."""
+    code, page = call(f"{server.url}/api/jobs?limit=20")
+    with tally.lock:
+        return code == 200 and isinstance(page, list) and any(
+            job["params"]["prompt"] in tally.waiting and job["state"] not in FINISHED for job in page)
+
+
+def stored_jobs(server: Server) -> dict[str, str]:
+    """Every job in the server's store, by its prompt (each call's own): the native API's listing, page by page."""
+    jobs: dict[str, str] = {}
+    for offset in range(0, 1 << 20, 200):
+        code, page = call(f"{server.url}/api/jobs?limit=200&offset={offset}")
+        if code != 200 or not isinstance(page, list):
+            raise SystemExit(f"cannot list the server's jobs: {code}")
+        jobs |= {job["params"]["prompt"]: job["id"] for job in page}
+        if len(page) < 200:
+            return jobs
+    return jobs
+
+
+def settle(server: Server, job_id: str, deadline: float) -> tuple[int, str | None]:
+    """The job's code and state once it is finished, or as it is at `deadline`."""
+    while True:
+        code, job = call(f"{server.url}/api/jobs/{job_id}")
+        state = job.get("state") if code == 200 and isinstance(job, dict) else None
+        if state in FINISHED or code != 200 or time.monotonic() > deadline:
+            return code, state
+        time.sleep(0.5)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -187,21 +229,34 @@ def main() -> None:
                    range(args.clients)] + [threading.Thread(target=poller, args=(server, tally, until))]
         for thread in threads:
             thread.start()
-        time.sleep(args.seconds / 2)
-        stopped_with = server.stop()  # SIGTERM in the middle: running jobs keep their state
-        server.start()
+        stops = []
+        for how, at in ((signal.SIGTERM, 1 / 3), (signal.SIGKILL, 2 / 3)):
+            time.sleep(max(0.0, began + args.seconds * at - time.monotonic()))
+            while not call_stored(server, tally) and time.monotonic() < until:
+                time.sleep(0.2)  # each stop comes while an A1111 call waits for its stored job
+            stops.append(f"a {how.name} at {time.monotonic() - began:.0f} s (exit {server.stop(how)})")
+            server.start()
         for thread in threads:
             thread.join()
-        finished = {"completed": 0, "cancelled": 0, "failed": 0}
-        lost: list[str] = []
         deadline = time.monotonic() + args.drain
-        for job_id, kind in tally.accepted.items():
-            while True:
-                code, job = call(f"{server.url}/api/jobs/{job_id}")
-                state = job.get("state") if code == 200 and isinstance(job, dict) else None
-                if state in finished or code != 200 or time.monotonic() > deadline:
-                    break
-                time.sleep(0.5)
+        stored = stored_jobs(server)
+        accepted: dict[str, str] = {}  # job id -> the request's API and answer
+        unanswered = {"cut, job stored": 0, "cut before stored": 0, "sent while down": 0}
+        refused: dict[int, int] = {}
+        for prompt, (api, code) in tally.requests.items():
+            if prompt in stored:
+                accepted[stored[prompt]] = f"{api} answered {code}"
+                unanswered["cut, job stored"] += code <= 0
+            elif code == 200:  # answered with a job the server no longer knows
+                accepted[f"{api} {prompt!r}"] = f"{api} answered 200, its job not in the store"
+            elif code > 0:
+                refused[code] = refused.get(code, 0) + 1
+            else:
+                unanswered["cut before stored" if code == 0 else "sent while down"] += 1
+        finished = dict.fromkeys(FINISHED, 0)
+        lost: list[str] = []
+        for job_id, kind in accepted.items():
+            code, state = settle(server, job_id, deadline)
             if state in finished:
                 finished[state] += 1
             else:
@@ -211,14 +266,15 @@ def main() -> None:
                                            Path("/proc/cpuinfo").read_text()))))
     print(f"{os.cpu_count()} CPUs ({flags}), load average {os.getloadavg()[0]:.1f} at the end; {args.clients} clients "
           f"for {args.seconds:g} s, img2img pictures {args.picture}x{args.picture} noise PNGs "
-          f"({len(big) / 2**20:.1f} MiB of base64), a SIGTERM (exit {stopped_with}) and a restart at "
-          f"{args.seconds / 2:g} s\n")
-    print("| accepted (async) | completed | cancelled | failed | lost | blocking calls answered / unanswered (restart) "
-          "| refused | /progress p50 / p99 (n) | peak RSS |")
+          f"({len(big) / 2**20:.1f} MiB of base64), {' and '.join(stops)}, each followed by a restart\n")
+    print("| accepted (native / A1111) | completed | cancelled | failed | lost | unanswered: cut, job stored / "
+          "cut before stored / sent while down | refused | /progress p50 / p99 (n) | peak RSS |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    refused = ", ".join(f"{count}x {code}" for code, count in sorted(tally.refused.items())) or "0"
-    print(f"| {len(tally.accepted)} | {finished['completed']} | {finished['cancelled']} | {finished['failed']} | "
-          f"{len(lost)} | {tally.blocking['completed']} / {tally.blocking['no answer']} | {refused} | "
+    native = sum(kind.startswith("native") for kind in accepted.values())
+    print(f"| {len(accepted)} ({native} / {len(accepted) - native}) | "
+          f"{finished['completed']} | {finished['cancelled']} | {finished['failed']} | {len(lost)} | "
+          f"{' / '.join(str(count) for count in unanswered.values())} | "
+          f"{', '.join(f'{count}x {code}' for code, count in sorted(refused.items())) or '0'} | "
           f"{percentile(tally.progress_s, 0.5) * 1000:.0f} / {percentile(tally.progress_s, 0.99) * 1000:.0f} ms "
           f"({len(tally.progress_s)}) | {server.peak_rss_mib:.0f} MiB |")
     if lost:

@@ -20,4 +20,4 @@ fi
 # The tests of thread counts set their own.
 export OMP_NUM_THREADS=1
 .venv/bin/python -m pytest -q "$@"
-.venv-rknn/bin/python -m pytest -q tests/export/test_rknn.py tests/engine/test_rknn_backend.py tests/engine/test_rknn_timings.py tests/engine/test_memory_plan.py tests/cli/test_rknn_cli.py tests/cli/test_vae_rknn_cli.py tests/cli/test_doctor.py tests/cli/test_make_tiny_blocks.py tests/cli/test_turbo.py tests/export/test_rknn_int8.py tests/cli/test_rknn_int8_cli.py "$@"
+.venv-rknn/bin/python -m pytest -q tests/export/test_rknn.py tests/engine/test_rknn_backend.py tests/engine/test_rknn_timings.py tests/engine/test_memory_plan.py tests/cli/test_rknn_cli.py tests/cli/test_vae_rknn_cli.py tests/cli/test_doctor.py tests/cli/test_make_tiny_blocks.py tests/cli/test_turbo.py tests/export/test_rknn_int8.py tests/cli/test_rknn_int8_cli.py tests/cli/test_rknn_full_disk_cli.py "$@"

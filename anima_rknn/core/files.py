@@ -143,11 +143,22 @@ def human_size(size: int) -> str:
     return f"{size} bytes"
 
 
-def free_space(folder: str | os.PathLike) -> int:
-    """Bytes free to this user in `folder` (or the nearest folder above it that exists)."""
+def _existing(folder: str | os.PathLike) -> Path:
+    """`folder`, or the nearest folder above it that exists (where its files will go)."""
     folder = Path(folder).absolute()
     while not folder.is_dir() and folder != folder.parent:
         folder = folder.parent
+    return folder
+
+
+def same_disk(folder: str | os.PathLike, other: str | os.PathLike) -> bool:
+    """Whether files of `folder` can be hard-linked into `other` (made, or to be made): one file system."""
+    return _existing(folder).stat().st_dev == _existing(other).stat().st_dev
+
+
+def free_space(folder: str | os.PathLike) -> int:
+    """Bytes free to this user in `folder` (or the nearest folder above it that exists)."""
+    folder = _existing(folder)
     try:
         return shutil.disk_usage(folder).free
     except OSError:  # cannot tell: nothing is refused on a guess
@@ -259,6 +270,20 @@ def replaced_folder(folder: Path) -> Iterator[Path]:
         folder.rename(stale)
     staging.rename(folder)
     shutil.rmtree(stale, ignore_errors=True)
+
+
+def move_files(moves: Iterable[tuple[Path, Path, bool]]) -> None:
+    """Finished files (`source`, `target`, `overwrite`), each moved into place by a rename (no space needed, so no
+    full disk stops it half-way): every target is checked first, under atomic_path's rules, so one that may not be
+    replaced refuses them all before any moves; a target that appears meanwhile is refused and stays as it is."""
+    moves = list(moves)
+    for _, target, overwrite in moves:
+        _check_target(target, overwrite)
+    for source, target, overwrite in moves:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _publish(source, target, overwrite)
+        source.unlink(missing_ok=True)  # still there after a hard link
+        _sync(target.parent)
 
 
 def link_or_copy(source: str | os.PathLike, target: str | os.PathLike, *, overwrite: bool) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import stat
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -61,11 +62,16 @@ class GGUFHeader:
 
 
 def is_gguf(path: str | os.PathLike) -> bool:
+    """Whether `path` is a regular file that begins as GGUF (a FIFO is looked at without waiting on it)."""
     try:
-        with open(path, "rb") as f:
-            return f.read(4) == MAGIC
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return False
+    with os.fdopen(fd, "rb") as f:
+        try:
+            return stat.S_ISREG(os.fstat(fd).st_mode) and f.read(4) == MAGIC
+        except OSError:
+            return False
 
 
 def type_name(code: int) -> str:

@@ -24,6 +24,9 @@ from ..errors import AnimaError
 WORK_FOLDER = ".train"
 CONFIG_FILE = "config.json"
 VAE_STATE, DIT_STATE, LATENTS = "vae.safetensors", "dit.safetensors", "latents.safetensors"
+# train-demo builds its model set here and moves it into --out whole at the end: a run stopped before (a full disk,
+# a kill) leaves only the work folder. Rebuilt from the checkpoints by every run, never read.
+SET_STAGING = "set"
 # train-demo-lora's work folder: the same kinds of files (its one stage, and a latent pool per kind of picture).
 LORA_STATE, CONCEPT_LATENTS = "lora.safetensors", "concept_latents.safetensors"
 PROGRESS_KEY = "anima_rknn.demo.progress"
@@ -60,9 +63,9 @@ def read_json(path: Path, limit: int = 1 << 16) -> object:
 
 
 def check_work_folder(work: Path, stages: tuple[str, ...] = (VAE_STATE, DIT_STATE), pools: tuple[str, ...] = (LATENTS,),
-                      command: str = "train-demo") -> None:
-    """Every file in `work` is one `command` writes (its config, `stages`, latent `pools`), and each state
-    file reads as its format.
+                      command: str = "train-demo", staging: str | None = SET_STAGING) -> None:
+    """Every file in `work` is one `command` writes (its config, `stages`, latent `pools`, the `staging` folder),
+    and each state file reads as its format.
 
     Runs before anything is written, so that a bad file stops the run before minutes of work."""
     known = (CONFIG_FILE, *stages, *pools)
@@ -71,7 +74,7 @@ def check_work_folder(work: Path, stages: tuple[str, ...] = (VAE_STATE, DIT_STAT
     if not work.is_dir():
         return
     for entry in sorted(work.iterdir()):
-        if is_temporary(entry):
+        if is_temporary(entry) or entry.name == staging and entry.is_dir() and not entry.is_symlink():
             continue  # left by a killed run; never read
         if entry.name not in known or entry.is_symlink() or not entry.is_file():
             raise AnimaError(f"{entry} is not a file {command} writes (it keeps only {', '.join(known)} "

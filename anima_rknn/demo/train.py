@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-from collections.abc import Callable
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import check_int
-from ..core.files import check_name, check_space, held_folder, output_folder, parameter_bytes, write_json
+from ..core.files import check_name, check_space, held_folder, move_files, output_folder, parameter_bytes, write_json
 from ..core.tensorfile import load_tensors, read_metadata, save_tensors
 from ..core.threads import AUTO_THREADS, MAX_THREADS, resolve_threads, use_threads
 from ..errors import AnimaError
@@ -239,7 +239,7 @@ def store_preview_projection(vae_path: Path, config: DemoConfig) -> Path:
 
 
 def _publish_with_metadata(written: Path, path: Path, extra: dict[str, str], overwrite: bool) -> None:
-    """`written` (a file of the work folder, this run's alone) published as `path` with more metadata (the
+    """`written` (a file of the staging folder, this run's alone) published as `path` with more metadata (the
     writers of the other parts take none); `path` replaced only if `overwrite`."""
     tensors = load_tensors(written, "model")
     save_tensors({k: v.clone() for k, v in tensors.items()}, path, {**read_metadata(written, "model"), **extra},
@@ -253,7 +253,7 @@ def _stage_metadata(config: DemoConfig, result: StageResult) -> dict[str, str]:
             META_PREFIX + "image_size": str(dataset.IMAGE_SIZE)}
 
 
-def _write_text_side(out: Path, work: Path, config: DemoConfig, replace: Callable[[Path], bool]) -> ModelFiles:
+def _write_text_side(out: Path, config: DemoConfig) -> ModelFiles:
     """Both word tokenizers and the frozen random Qwen3 (deterministic, so rewriting on resume is harmless)."""
     qwen_dir, t5_dir = out / LAYOUT["qwen_tokenizer"], out / LAYOUT["t5_tokenizer"]
     # The sample words of make-tiny too, so that the default negative prompt is made of known words.
@@ -262,11 +262,11 @@ def _write_text_side(out: Path, work: Path, config: DemoConfig, replace: Callabl
     for key in ("dit", "text_encoder", "vae"):
         (out / LAYOUT[key]).mkdir(parents=True, exist_ok=True)
     encoder_path = out / LAYOUT["text_encoder"] / TEXT_ENCODER_FILE
-    written = work / TEXT_ENCODER_FILE
+    written = out / TEXT_ENCODER_FILE
     write_random_text_encoder(written, vocab=tokenizer.qwen.get_vocab_size(), seed=config.seed + 1,
                               **dataclasses.asdict(config.text_encoder))
     _publish_with_metadata(written, encoder_path, {META_PREFIX + "config": config.to_json(),
-                                                   META_PREFIX + "seed": str(config.seed)}, replace(encoder_path))
+                                                   META_PREFIX + "seed": str(config.seed)}, False)
     return ModelFiles(dit=out / LAYOUT["dit"] / DIT_FILE, text_encoder=encoder_path,
                       vae=out / LAYOUT["vae"] / VAE_FILE, qwen_tokenizer=qwen_dir, t5_tokenizer=t5_dir)
 
@@ -282,7 +282,8 @@ def estimated_size(config: DemoConfig) -> int:
 
 def train_demo(out: str | Path, config: DemoConfig = DemoConfig(), threads: int = AUTO_THREADS,
                overwrite: bool = False) -> dict[str, StageResult]:
-    """Train (or resume) the demo model set into `out` (model-directory layout; work files in out/.train).
+    """Train (or resume) the demo model set into `out` (model-directory layout; work files in out/.train). The set
+    is built in out/.train/set and moved into `out` only once it is whole, so a run stopped before leaves no set.
 
     `out` must be new, empty, or hold this run's own interrupted work; `overwrite` allows a folder that holds
     anything else (its model files are then replaced).
@@ -300,26 +301,36 @@ def train_demo(out: str | Path, config: DemoConfig = DemoConfig(), threads: int 
     # own interrupted work (or --overwrite's to replace): one that appears later is not, and stays.
     with held_folder(lambda: output_folder(out, overwrite=overwrite, holds=holds, resumable=resumable)):
         check_resume(work, config, out)
-        present = {path for path in out.rglob("*.safetensors") if path.is_file()}
-
-        def replace(path: Path) -> bool:
-            return overwrite or path in present
-
+        present = {path for path in out.rglob("*") if path.is_file() and work not in path.parents}
         work.mkdir(exist_ok=True)
         write_json(work / train_state.CONFIG_FILE, dataclasses.asdict(config), overwrite=True)
+        staging = work / train_state.SET_STAGING
+        shutil.rmtree(staging, ignore_errors=True)  # a killed run's: rebuilt from the checkpoints
         use_threads(resolve_threads(threads))
-        files = _write_text_side(out, work, config, replace)
-        t5_vocab = PromptTokenizer.from_dirs(files.qwen_tokenizer, files.t5_tokenizer).t5.get_vocab_size()
-        config = dataclasses.replace(config, dit=dataclasses.replace(config.dit, t5_vocab=t5_vocab))
+        try:
+            dit, results = _train_set(staging, work, config)
+            staged = sorted((path for path in staging.rglob("*") if path.is_file()), key=lambda path: path == dit)
+            move_files((path, out / path.relative_to(staging), overwrite or out / path.relative_to(staging) in present)
+                       for path in staged)  # the DiT last: a set is whole once it is there
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # a stopped run leaves its checkpoints alone, and no set
+        return results
 
-        vae, vae_result = train_vae(config, work)
-        save_vae(vae, work / VAE_FILE)
-        _publish_with_metadata(work / VAE_FILE, files.vae, _stage_metadata(config, vae_result), replace(files.vae))
-        store_preview_projection(files.vae, config)
 
-        bank = CaptionBank(files, training_captions())
-        dit, dit_result = train_dit(config, work, vae, bank)
-        save_dit(dit, files.dit, metadata=_stage_metadata(config, dit_result), overwrite=replace(files.dit))
-        from_model_dir(out)  # the set loads like any other
-        return {"vae": vae_result, "dit": dit_result}
+def _train_set(staging: Path, work: Path, config: DemoConfig) -> tuple[Path, dict[str, StageResult]]:
+    """Train both stages (resuming from the checkpoints in `work`) and write the whole set into `staging`, checked
+    to load; returns its DiT file and the stages' results."""
+    files = _write_text_side(staging, config)
+    t5_vocab = PromptTokenizer.from_dirs(files.qwen_tokenizer, files.t5_tokenizer).t5.get_vocab_size()
+    config = dataclasses.replace(config, dit=dataclasses.replace(config.dit, t5_vocab=t5_vocab))
 
+    vae, vae_result = train_vae(config, work)
+    save_vae(vae, staging / VAE_FILE)
+    _publish_with_metadata(staging / VAE_FILE, files.vae, _stage_metadata(config, vae_result), False)
+    store_preview_projection(files.vae, config)
+
+    bank = CaptionBank(files, training_captions())
+    dit, dit_result = train_dit(config, work, vae, bank)
+    save_dit(dit, files.dit, metadata=_stage_metadata(config, dit_result), overwrite=False)
+    from_model_dir(staging)  # the set loads like any other, before it is published
+    return files.dit, {"vae": vae_result, "dit": dit_result}

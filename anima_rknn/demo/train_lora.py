@@ -55,7 +55,7 @@ TARGETS = re.compile(r"(llm_adapter\.)?blocks\.\d+\.(self_attn|cross_attn|mlp)\.
 META_KEY = "anima_rknn.demo.lora"
 WORK_SUFFIX = ".train"
 _FOLDER = dict(stages=(train_state.LORA_STATE,), pools=(train_state.LATENTS, train_state.CONCEPT_LATENTS),
-               command="train-demo-lora")
+               command="train-demo-lora", staging=None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..core.files import atomic_path, output_folder, sha256_file, write_json
+from ..core.files import Unreadable, atomic_path, open_small_file, output_folder, sha256_file, write_json
 from ..errors import AnimaError
 from .manifest import Field, _choice, _field, _int, _list_from, _number, _object, _sha256, plain_name, read_json
 from .manifest import set_file, subgraph_name
@@ -176,12 +176,13 @@ def read_npy(path: Path, shape: list[int], data: bool = True) -> np.ndarray | No
     With `data` False only the header is checked."""
     count = int(np.prod(shape))
     try:
-        with open(path, "rb") as f:
+        # A regular file no larger than its array and a header (a FIFO is never waited on, a huge file never read).
+        with open_small_file(path, count * 4 + (1 << 16)) as f:
             _check_header(f, path, shape)
             if not data:
                 return None
             array = np.fromfile(f, dtype=np.float32, count=count)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, Unreadable) as e:
         raise AnimaError(f"cannot read calibration file {path}: {e}") from None
     if array.size != count:
         raise AnimaError(f"calibration file {path} is cut short")

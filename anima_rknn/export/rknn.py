@@ -40,6 +40,7 @@ from ..core.files import (
     check_space,
     held_folder,
     link_or_copy,
+    same_disk,
     sha256_file,
     write_json,
 )
@@ -273,8 +274,11 @@ def convert_one(onnx_path: Path, rknn_path: Path, target: str, overwrite: bool =
     with toolkit_output() as log, tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):
         rknn = build_model(onnx_path, target, log, verbose=True)
         try:
-            with atomic_path(rknn_path, overwrite=overwrite) as tmp:
-                toolkit_call("export_rknn", onnx_path, log, rknn.export_rknn, str(tmp))
+            # Exported in the scratch folder, then published by the one writer: a full disk is its one line
+            # naming the file and the space, not the toolkit's wrapped OSError naming a temporary.
+            toolkit_call("export_rknn", onnx_path, log, rknn.export_rknn, "float16.rknn")
+            with atomic_path(rknn_path, overwrite=overwrite, size=os.path.getsize("float16.rknn")) as tmp:
+                shutil.copyfile("float16.rknn", tmp)
             measured = {} if held is None else {"held_out_cosine": {
                 "float16": _held_out_cosine(rknn, held, onnx_path, log)}}
         finally:
@@ -411,8 +415,10 @@ def convert_subgraphs(
                          "--quantize fp16")
     onnx_names = [entry["file"] for entry in source["subgraphs"]]
     rknn_names = [rknn_name(name) for name in onnx_names]
-    # Each .rknn is about its graph's size; the graphs come as hard links (no space) where the disk allows.
-    check_space(out_dir, sum((source_dir / name).stat().st_size for name in onnx_names), "the converted set")
+    # Each .rknn is about its graph's size; the graphs come as hard links (no space) on the source's disk, else as
+    # copies.
+    graphs = sum((source_dir / name).stat().st_size for name in onnx_names)
+    check_space(out_dir, graphs * (1 if same_disk(source_dir, out_dir) else 2), "the converted set")
     quant_names = [] if quantization is None else [
         Path(name).stem + suffix for name in onnx_names for suffix in QUANT_SUFFIXES]
 

@@ -1,5 +1,6 @@
 """Issue 46's hostile-input cases for the CLI: pictures whose resizes would explode (refused from the header, in
-bounded memory), a resume path too long for the file system. Each: one line, exit 1, the output folder as it was."""
+bounded memory), a resume path too long for the file system, a crafted cache fit beside the DiT. Each: one line,
+exit 1, the output folder (and the crafted file) as it was."""
 
 from __future__ import annotations
 
@@ -63,3 +64,53 @@ def test_a_resume_path_too_long_for_the_file_system_is_one_line(run_cli, model_d
     assert_refused(result, 1, "cannot read it: File name too long")
     assert len(result.err) < 300 and snapshot(out_dir) == before
 
+
+
+@pytest.fixture(scope="module")
+def fitted_copy(tiny_set, tmp_path_factory):
+    """A copy of the tiny set, for a cache fit beside its DiT that each case writes."""
+    import shutil
+
+    folder = shutil.copytree(tiny_set.dit.parents[2], tmp_path_factory.mktemp("fitted") / "set")
+    return folder, next((folder / "split_files" / "diffusion_models").glob("*.safetensors"))
+
+
+def _put(path, what: str) -> None:
+    import shutil
+
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+    if what == "fifo":
+        os.mkfifo(path)
+    elif what == "folder":
+        path.mkdir()
+    elif what == "other DiT":
+        from anima_rknn.model.model_set import DEMO_MODEL
+
+        path.write_bytes((DEMO_MODEL / "split_files" / "diffusion_models" / "anima-demo.cache-fit.json").read_bytes())
+    else:
+        path.write_bytes(what.encode())
+
+
+@pytest.mark.parametrize("what, pattern", [
+    ('{"format": "anima-rknn.cache-fit/1", "typical_', "not valid JSON"),
+    ("[" * 60000, "not valid JSON"),  # nested past the parser's depth
+    ("1" * 70000, "larger than 64 KiB"),
+    ('{"format": "anima-rknn.cache-fit/1", "flag_score": 1e999}', "holds exactly"),  # fields missing
+    ("other DiT", "was fitted on another DiT than"),
+    ("fifo", "needs this model's cache fit"),  # not a file: no fit, never waited on
+    ("folder", "needs this model's cache fit"),
+])
+def test_a_crafted_cache_fit_is_one_line_and_changes_nothing(run_cli, fitted_copy, out_dir, what, pattern):
+    from anima_rknn.sampling.cache_fit import fit_path
+
+    folder, dit = fitted_copy
+    fit = fit_path(dit)
+    _put(fit, what)
+    before, fit_before = snapshot(out_dir), fit.read_bytes() if fit.is_file() else None
+    result = run_cli("generate", "--model", folder, "-p", "cat", "--steps", "4", "-o", out_dir / "x.png", "--cache",
+                     "auto", "--cache-option", "budget=3")
+    assert_refused(result, 1, pattern)
+    assert snapshot(out_dir) == before and (fit.read_bytes() if fit.is_file() else None) == fit_before

@@ -3,16 +3,13 @@ stopped mid-set (here by a file size limit, EFBIG) leaves no folder that a later
 
 from __future__ import annotations
 
-import contextlib
 import os
-import resource
-import signal
 import sys
 
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "core"))
-from test_full_disk import small_disk  # noqa: E402  (the tmpfs helper of the core tests)
+from test_full_disk import file_size_limit, small_disk  # noqa: E402  (the helpers of the core tests)
 
 
 def _last_line(done) -> str:
@@ -34,21 +31,9 @@ def test_a_long_writer_is_refused_before_it_starts_when_its_output_cannot_fit(ru
         assert list(disk.iterdir()) == []  # not even an empty folder
 
 
-@contextlib.contextmanager
-def _file_size_limit(limit: int):
-    """Writes past `limit` bytes fail with EFBIG for the block (SIGXFSZ ignored)."""
-    limits, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limits[1]))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
-        signal.signal(signal.SIGXFSZ, handler)
-
-
 def test_make_tiny_stopped_mid_set_leaves_no_set_and_a_rerun_writes_it(run_cli, tmp_path):
     out = tmp_path / "set"
-    with _file_size_limit(3 << 20):  # the VAE (about 5 MiB) cannot be written
+    with file_size_limit(3 << 20):  # the VAE (about 5 MiB) cannot be written
         line = _last_line(run_cli("make-tiny", "--out", out))
     assert line.startswith("error: cannot write ") and "wan-vae-tiny-random.safetensors: File too large (it needs "
     assert "the file size limit is 3.0 MiB)" in line, line

@@ -46,6 +46,18 @@ def fill(path: Path, leave: int = 0) -> None:
                     f.write(b"\0")
 
 
+@contextlib.contextmanager
+def file_size_limit(limit: int):
+    """Writes past `limit` bytes fail with EFBIG for the block (SIGXFSZ ignored)."""
+    limits, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limits[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+
+
 def noise_picture(side: int) -> Image.Image:
     return Image.fromarray(np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8))
 
@@ -83,13 +95,8 @@ def test_a_replaced_record_file_keeps_every_finished_record_when_the_disk_fills(
 
 
 def test_a_file_size_limit_names_the_limit(tmp_path):
-    limits, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (100 << 10, limits[1]))
-    try:
-        with pytest.raises(AnimaError, match=r"x\.png: File too large \(it needs more than the .* written; the file "
-                                             r"size limit is 100\.0 KiB\)$"):
-            save_png(noise_picture(256), tmp_path / "x.png", overwrite=False)
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
-        signal.signal(signal.SIGXFSZ, handler)
+    with file_size_limit(100 << 10), pytest.raises(AnimaError, match=r"x\.png: File too large \(it needs more than "
+                                                                    r"the .* written; the file size limit is 100\.0 "
+                                                                    r"KiB\)$"):
+        save_png(noise_picture(256), tmp_path / "x.png", overwrite=False)
     assert list(tmp_path.iterdir()) == []

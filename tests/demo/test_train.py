@@ -14,7 +14,8 @@ import torch
 
 from anima_rknn.core.tensorfile import read_metadata
 from anima_rknn.demo.harness import CaptionBank
-from anima_rknn.demo.train import TEXT_ENCODER_FILE, VAE_FILE, DemoConfig, train_demo
+from anima_rknn.demo.state import CONFIG_FILE, WORK_FOLDER
+from anima_rknn.demo.train import VAE_FILE, DemoConfig, train_demo
 from anima_rknn.errors import AnimaError
 from anima_rknn.generation.pipeline import AnimaPipeline
 from anima_rknn.model.io import load_dit
@@ -59,15 +60,16 @@ def test_batched_conditioning_equals_the_pipeline(trained) -> None:
 
 
 def test_a_model_file_that_appears_during_the_run_is_left_alone(tmp_path, tiny_config) -> None:
-    """The VAE file of the set, put there by someone else while the VAE trains: the run ends with one line when it
-    would publish its VAE, and the file stays."""
+    """The VAE file of the set, put there by someone else while the run trains: the run ends with one line when it
+    would publish its set, the file stays, and none of the set is published beside it."""
     out = tmp_path / "demo"
-    encoder, vae = out / LAYOUT["text_encoder"] / TEXT_ENCODER_FILE, out / LAYOUT["vae"] / VAE_FILE
+    config, vae = out / WORK_FOLDER / CONFIG_FILE, out / LAYOUT["vae"] / VAE_FILE
 
     def put() -> None:
         deadline = time.monotonic() + 120
-        while not encoder.exists() and time.monotonic() < deadline:  # published before the VAE stage
+        while not config.exists() and time.monotonic() < deadline:  # written as the run starts
             time.sleep(0.002)
+        vae.parent.mkdir(parents=True)
         vae.write_bytes(b"mine")
 
     other = threading.Thread(target=put, daemon=True)
@@ -77,6 +79,8 @@ def test_a_model_file_that_appears_during_the_run_is_left_alone(tmp_path, tiny_c
         train_demo(out, dataclasses.replace(tiny_config, vae_steps=3, dit_steps=2), threads=1)
     other.join()
     assert vae.read_bytes() == b"mine"
+    assert sorted(str(path.relative_to(out)) for path in out.rglob("*") if path.is_file()
+                  and WORK_FOLDER not in path.parts) == [str(vae.relative_to(out))]
 
 
 

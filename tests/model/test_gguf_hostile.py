@@ -3,6 +3,7 @@ sized by a count the file cannot back, nothing read past the end."""
 
 from __future__ import annotations
 
+import os
 import struct
 import sys
 import tracemalloc
@@ -153,3 +154,17 @@ def test_the_loaders_name_the_problem(tiny_set, quantized, tmp_path):
     with pytest.raises(AnimaError, match="is a GGUF file; a resume state file is a safetensors file"):
         load_tensors(quantized, "resume state", dtypes=("F32",))
     assert load_dit(quantized).config == read_dit_config(tiny_set.dit)
+
+
+def test_a_gguf_that_is_not_a_file_is_one_line_and_never_waited_on(tiny_set, tmp_path, monkeypatch, capsys):
+    """A FIFO given as the GGUF DiT or to quantize: refused in one line, never opened for a read that would wait on
+    a writer; nothing written. (A folder is click's usage error for both.)"""
+    fifo = tmp_path / "fifo.gguf"
+    os.mkfifo(fifo)
+    code, err = _cli(monkeypatch, capsys, "generate", "--dit", fifo, "--text-encoder", tiny_set.text_encoder,
+                     "--vae", tiny_set.vae, "--qwen-tokenizer", tiny_set.qwen_tokenizer, "--t5-tokenizer",
+                     tiny_set.t5_tokenizer, "--prompt", "x", "--steps", "1", "--out", tmp_path / "x.png")
+    assert code == 1 and err.startswith("error: ") and err.count("\n") == 1 and fifo.name in err, err
+    code, err = _cli(monkeypatch, capsys, "quantize", fifo, "-o", tmp_path / "y.gguf")
+    assert code == 1 and err == f"error: checkpoint file not found: {fifo}\n", err
+    assert [p.name for p in tmp_path.iterdir()] == ["fifo.gguf"]

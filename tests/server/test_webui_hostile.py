@@ -54,12 +54,28 @@ def test_options_body_not_json(url):
     assert status == 400 and "not valid JSON" in answer["error"]
     status, answer = send(url, "POST", "/sdapi/v1/options", b"send_seed=1", {"Content-Type": "text/plain"})
     assert status == 415
+    before = call(f"{url}/sdapi/v1/options")[1]
+    nested = b"[" * 100_000 + b"]" * 100_000  # past the parser's depth, within the body limit
+    status, answer = send(url, "POST", "/sdapi/v1/options", nested, {"Content-Type": "application/json"})
+    assert status == 400 and "not valid JSON" in _one_line(answer)
+    assert call(f"{url}/sdapi/v1/options")[1] == before
+
+
+def text_bomb_png() -> bytes:
+    """A real PNG whose zTXt `parameters` chunk inflates to 16 MiB (Pillow reads at most 1 MiB of one text)."""
+    import struct
+    import zlib
+
+    body = b"parameters\0\0" + zlib.compress(b"a" * (16 << 20), 9)
+    chunk = struct.pack(">I", len(body)) + b"zTXt" + body + struct.pack(">I", zlib.crc32(b"zTXt" + body))
+    return PNG[:33] + chunk + PNG[33:]  # after the signature and IHDR
 
 
 @pytest.mark.parametrize("image, words", [
     (b64(PNG), "holds no generation parameters"),
     (b64(b"GIF89a not really"), "image"),
     (b64(bomb_png()), "pixels"),
+    (b64(text_bomb_png()), "Decompressed data too large"),  # a 16 MiB `parameters` in 16 KiB of zTXt
     ("/etc/passwd", "never opens a path"),
     ("", "base64"),
     (None, "base64"),
@@ -68,6 +84,7 @@ def test_options_body_not_json(url):
 def test_png_info_refuses(url, image, words):
     code, answer = call(f"{url}/sdapi/v1/png-info", {"image": image})
     assert code == 400 and words in _one_line(answer)
+    assert call(f"{url}/sdapi/v1/progress")[0] == 200  # the server goes on
 
 
 @pytest.mark.parametrize("change, words", [
