@@ -4,6 +4,8 @@ calibration captured from the tiny model's runs, and bad options refused in one 
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,6 +42,44 @@ def test_convert_captures_calibration_quantizes_and_verify_reports_precisions(ru
     kept = sum(m["precision"] != "float16" for m in manifest)
     assert plan.code == 0 and plan.out.startswith("quantized set: ") and f"{kept} " in plan.out.splitlines()[0]
     assert "activations compiler" in plan.out and "per transformer pass: 0 loads" in plan.out
+    # the same set with a quantized subgraph claimed fp16: refused before the first pass, no picture
+    lying = shutil.copytree(out, tmp_path / "lying")
+    _claim(lying, next(i for i, m in enumerate(manifest) if m["precision"] != "float16"), precision="float16",
+           quant_files=None, held_out_cosine=None)
+    refused = _generate(run_cli, model_dir, lying, tmp_path / "lying.png")
+    assert refused.code == 1 and refused.err.count("\n") == 1
+    assert "the manifest says float16 but the file is an int8 (quantized) model" in refused.err
+    assert not (tmp_path / "lying.png").exists()
+
+
+def _claim(folder: Path, index: int, **changes) -> None:
+    """A manifest edited to claim `changes` for subgraph `index` (None deletes a field)."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    record = manifest["rknn"]["subgraphs"][index]
+    record.update({k: v for k, v in changes.items() if v is not None})
+    for key in [k for k, v in changes.items() if v is None]:
+        record.pop(key, None)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _generate(run_cli, model_dir: Path, subgraphs: Path, out: Path):
+    return run_cli("generate", "--model", model_dir, "-p", "a red circle", "--width", "64", "--height", "64",
+                   "--steps", "2", "--backend", "rknn", "--subgraphs", subgraphs, "--rknn-runtime", "simulator",
+                   "-o", out)
+
+
+def test_an_fp16_set_whose_manifest_claims_int8_is_refused_in_one_line(run_cli, model_dir, tiny_rknn_set,
+                                                                      tmp_path):
+    from anima_rknn.export.manifest import QUANT_SUFFIXES
+
+    lying = shutil.copytree(tiny_rknn_set, tmp_path / "lying")
+    _claim(lying, 2, precision="w8a8", held_out_cosine={"w8a8": 0.9999},
+           quant_files=[{"file": "b00_mlp" + s, "sha256": "0" * 64} for s in QUANT_SUFFIXES])
+    for result in (_generate(run_cli, model_dir, lying, tmp_path / "lying.png"),
+                   run_cli("verify-rknn", "--model", model_dir, "--subgraphs", lying, "--rknn-runtime", "simulator")):
+        assert result.code == 1 and result.err.count("\n") == 1, result.err
+        assert "the manifest says w8a8 but the file is an fp16 model" in result.err
+    assert not (tmp_path / "lying.png").exists()
 
 
 @pytest.mark.parametrize(("args", "message"), [
