@@ -10,6 +10,8 @@ Sections (all by default), each printing Markdown tables for docs/measurements/n
 - layers: for a few subgraphs, which layers kept fp16 (the toolkit's hybrid quantization) recover the held-out
   cosine: the attention core, the output projection and output, both.
 - fullwidth (not by default: slow): the residency table, from one full-width block per size (see full_width).
+- fullwidth-memory (not by default): the w8a8 and hybrid compiler figures of the full-width block at the last of
+  --sides from a one-pass calibration, no held-out check (see fullwidth_memory).
 - residency: plans of 28- and 40-block full-width models from fullwidth's converted sets (no conversion).
 - images: prompts and seeds the calibration never saw (the demo reader's prompt set, seed 7, noise seeds 1000 + i),
   sampled Euler 20 steps CFG 4 with the fp32 torch bodies, the fp16 set and w8a8 sets at several thresholds, all in
@@ -359,6 +361,83 @@ def residency(work: Path, report: dict, sides: list[int], budget: str, models: t
                     "peak_bytes": plan.peak_bytes, "npu_peak_bytes": plan.npu_peak_bytes}
 
 
+class _OneSample:
+    """A calibration set's first calibrating pass alone, as hybrid_step1 reads a calibration (dataset(index))."""
+
+    def __init__(self, calibration) -> None:
+        self.calibration = calibration
+
+    def dataset(self, index: int) -> Path:
+        full = self.calibration.dataset(index)
+        one = full.with_name("bench-one-sample.txt")
+        one.write_text(full.read_text().splitlines()[0] + "\n")
+        return one
+
+
+def fullwidth_memory(work: Path, report: dict, side: int, budget: str) -> None:
+    """The w8a8 and hybrid compiler figures of the full-width block at side x side, measured from a build calibrated
+    on one pass (the figures do not depend on the calibrated ranges; no held-out check: fullwidth's full conversion
+    did not finish here at 1024x1024), planned with 512x512's precision choice per subgraph kind."""
+    import sys
+
+    from anima_rknn.export.rknn import _hybrid, compiler_memory, hybrid_step1, log_text, quantized_model
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from rknn_convert import full_model_manifest  # noqa: PLC0415 -- a sibling benchmark's helper
+
+    from anima_rknn.engine.memory_plan import parse_size, pinned_contexts, plan_memory, size
+
+    onnx = work / f"full-onnx-{side}"
+    source = read_manifest(onnx)
+    quantization = Quantization("w8a8", "normal", ALL_INT8,
+                                _OneSample(read_calibration(work / f"full-calibration-{side}", source)))
+    measured: dict[str, dict[int, dict]] = {"w8a8": {}, "hybrid": {}}
+    for entry in source["subgraphs"]:
+        with tempfile.TemporaryDirectory() as scratch:
+            cwd = os.getcwd()
+            os.chdir(scratch)
+            try:
+                started = time.perf_counter()
+                step1 = hybrid_step1(onnx / entry["file"], entry["index"], quantization, "rk3588")
+                step1_s = time.perf_counter() - started
+                for precision, sources in (("w8a8", step1), ("hybrid", _hybrid(step1))):
+                    started = time.perf_counter()
+                    with toolkit_output() as log:
+                        rknn = quantized_model(sources, log, verbose=True)
+                        rknn.export_rknn(f"{precision}.rknn")
+                        rknn.release()
+                        memory = compiler_memory(log_text(log))
+                    measured[precision][entry["index"]] = {
+                        **memory, "rknn_bytes": Path(f"{precision}.rknn").stat().st_size, "step1_s": step1_s,
+                        "build_s": time.perf_counter() - started}
+                    print(f"{entry['file']} {precision}: {measured[precision][entry['index']]}", flush=True)
+            finally:
+                os.chdir(cwd)
+    fp16 = read_manifest(work / f"full-fp16-{side}")
+    chosen = [r["precision"] for r in read_manifest(work / "full-w8a8-0.999-512")["rknn"]["subgraphs"]]
+    rows = {"fp16": fp16["rknn"]["subgraphs"],
+            "w8a8 whole": [{**r, **measured["w8a8"][i]} for i, r in enumerate(fp16["rknn"]["subgraphs"])],
+            "w8a8, 512's fallback choice": [r if p == "float16" else {**r, **measured[p][i]}
+                                            for i, (r, p) in enumerate(zip(fp16["rknn"]["subgraphs"], chosen))]}
+    print(f"\n### {side}x{side} measured (one-pass calibration), planned under {budget}\n")
+    print("| precision | weights self / cross / mlp | activations self / cross / mlp | .rknn self / cross / mlp "
+          "| 28 blocks: resident (pinned) / loads per pass / peak | 40 blocks: resident (pinned) / loads per pass "
+          "/ peak |\n|---|---|---|---|---|---|")
+    for label, records in rows.items():
+        one = {**fp16, "rknn": {**fp16["rknn"], "subgraphs": records}}
+        cells = [" / ".join(size(r[key]) for r in records) for key in ("weight_bytes", "internal_bytes",
+                                                                        "rknn_bytes")]
+        plans = []
+        for blocks in (28, 40):
+            plan = plan_memory(full_model_manifest(one, blocks), parse_size(budget))
+            plans.append(f"{plan.max_resident} ({pinned_contexts(3 * blocks, plan.max_resident)}) / "
+                         f"{plan.loads_per_pass} / {size(plan.peak_bytes)}")
+            report.setdefault("fullwidth_memory", {})[f"{label}-{blocks}"] = {
+                "resident": plan.max_resident, "loads_per_pass": plan.loads_per_pass, "peak_bytes": plan.peak_bytes}
+        print(f"| {label} | {' | '.join(cells)} | {' | '.join(plans)} |")
+    report.setdefault("fullwidth_memory", {})["measured"] = measured
+
+
 def derived_block(work: Path, dit_path: Path, one: dict, side: int) -> dict:
     """The block `one` (converted at another size) at side x side: its weights and files as measured, each
     subgraph's activations scaled by how the fp16 block's grew between the two sizes (converted here: fp16 needs
@@ -455,6 +534,7 @@ def main() -> None:
          "images": lambda: images(work, onnx, calibration, files, pipeline, report, args.images),
          "fullwidth": lambda: full_width(work, report, args.sides, args.budget, args.derive),
          "residency": lambda: residency(work, report, args.sides, args.budget),
+         "fullwidth-memory": lambda: fullwidth_memory(work, report, args.sides[-1], args.budget),
          "layers": lambda: layers(work, onnx, calibration, report, args.layers),
          "mid": lambda: mid(work, report, args.mid_blocks, args.mid_side, args.images)}[section]()
     if args.json:
