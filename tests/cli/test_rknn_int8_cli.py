@@ -93,25 +93,31 @@ def test_bad_quantization_options_are_one_line_and_write_nothing(run_cli, tiny_o
     assert not (tmp_path / "out").exists()
 
 
-def test_a_calibration_set_of_another_resolution_is_refused_before_anything_is_written(run_cli, tiny_set,
-                                                                                       tiny_onnx_set, tmp_path,
-                                                                                       one_thread):
+@pytest.mark.parametrize(("other", "message"), [
+    ("resolution", "was captured at 32x32, this set is 64x64"),
+    ("model", "captured from another DiT file"),  # another tiny DiT of the same shape (seed 1)
+])
+def test_a_calibration_set_of_another_resolution_or_model_is_refused_before_anything_is_written(
+        run_cli, tiny_set, tiny_onnx_set, tmp_path, one_thread, other, message):
+    from anima_rknn.demo.tiny_set import write_model_set
     from anima_rknn.engine.calibrate import CalibrationRun, capture_calibration
     from anima_rknn.export.manifest import read_manifest
     from anima_rknn.export.onnx import export_subgraphs
     from anima_rknn.model.io import load_dit
 
-    other = tmp_path / "onnx-32"
-    export_subgraphs(tiny_set.dit, 32, 32, other, progress=False)
-    dit = load_dit(tiny_set.dit, torch.float32)
+    side, files = (32, tiny_set) if other == "resolution" else (64, write_model_set(tmp_path / "other", seed=1))
+    onnx = tmp_path / "onnx-other"
+    export_subgraphs(files.dit, side, side, onnx, progress=False)
+    dit = load_dit(files.dit, torch.float32)
     context = torch.zeros((1, dit.config.context_tokens, dit.config.context_dim))
-    runs = [CalibrationRun("x", i, np.zeros((1, 16, 4, 4), np.float32), context, context + 1) for i in range(2)]
-    capture_calibration(dit, read_manifest(other), tmp_path / "calibration-32", runs, steps=2, captured=1,
+    latent = np.zeros((1, 16, side // 8, side // 8), np.float32)
+    runs = [CalibrationRun("x", i, latent, context, context + 1) for i in range(2)]
+    capture_calibration(dit, read_manifest(onnx), tmp_path / "calibration", runs, steps=2, captured=1,
                         progress=False)
     result = run_cli("convert-rknn", "--subgraphs", tiny_onnx_set, "--out", tmp_path / "out", "--quantize", "w8a8",
-                     "--calibration", tmp_path / "calibration-32")
+                     "--calibration", tmp_path / "calibration")
     assert result.code == 1 and result.err.count("\n") == 1
-    assert "was captured at 32x32, this set is 64x64" in result.err
+    assert message in result.err
     assert not (tmp_path / "out").exists()
 
 
