@@ -33,14 +33,15 @@ from anima_rknn.model.io import load_dit, random_dit, save_dit
 FULL = PRESETS["full"]
 
 
-def full_model_manifest(one_block: dict) -> dict:
-    """The manifest of the 28-block model, each block carrying the converted block's compiler figures."""
+def full_model_manifest(one_block: dict, blocks: int = FULL.blocks) -> dict:
+    """The manifest of the full-width model of `blocks` blocks (Anima's 28 by default), each block carrying the
+    converted block's compiler figures."""
     subgraphs, records = [], []
-    for index in range(3 * FULL.blocks):
+    for index in range(3 * blocks):
         entry, record = one_block["subgraphs"][index % 3], one_block["rknn"]["subgraphs"][index % 3]
         subgraphs.append({**entry, "index": index, "block": index // 3})
         records.append({**record, "index": index})
-    return {**one_block, "model": {**one_block["model"], "blocks": FULL.blocks}, "subgraphs": subgraphs,
+    return {**one_block, "model": {**one_block["model"], "blocks": blocks}, "subgraphs": subgraphs,
             "rknn": {**one_block["rknn"], "subgraphs": records}}
 
 

@@ -42,11 +42,12 @@ MAX_CONTEXT_TOKENS = 65536
 MODEL_LIMITS = {"blocks": 1024, "hidden": 65536, "heads": 1024, "head_dim": 4096, "context_dim": 65536}
 MAX_BYTES = 1 << 50  # file and compiler memory sizes; far beyond any NPU, small enough for float arithmetic
 MAX_SECONDS = 1e7
-MAX_JSON_BYTES = 1 << 20  # a full set's manifest is about 100 KB
+MAX_JSON_BYTES = 1 << 23  # a quantized set writes about 1.1 KB per subgraph: 3.4 MB at 1,024 blocks
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _TOKEN = re.compile(r"[0-9A-Za-z._+-]{1,40}")  # target platform, toolkit version
+# Block numbers have at least two digits (b07; sets before 100 blocks) and as many as MODEL_LIMITS' 1024 need.
 _SUBGRAPH_FILE = re.compile(
-    r"(b\d\d_(self_attn|cross_attn|mlp)|vae_(decoder|encoder))\.(onnx|rknn|model|data|quantization\.cfg)")
+    r"(b\d{2,4}_(self_attn|cross_attn|mlp)|vae_(decoder|encoder))\.(onnx|rknn|model|data|quantization\.cfg)")
 # A converted subgraph's precision: fp16 whole, int8 whole, or int8 with its attention core in fp16.
 PRECISIONS = ("float16", "w8a8", "hybrid")
 # The toolkit's hybrid-quantization step-1 files a quantized subgraph keeps beside its .rknn, in step 2's order.

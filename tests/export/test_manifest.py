@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from anima_rknn.engine import RknnOptions, make_engine
 from anima_rknn.engine.backends.rknn import RknnBackend
 from anima_rknn.errors import AnimaError
-from anima_rknn.export.manifest import MANIFEST, Field, read_manifest, read_progress
+from anima_rknn.export.manifest import MANIFEST, Field, clear_set_folder, read_manifest, read_progress, subgraph_name
 from anima_rknn.model.io import load_dit
 
 KINDS = ("self_attn", "cross_attn", "mlp")
@@ -33,12 +33,12 @@ TOKENS, HIDDEN = 16, 128  # the tiny preset at 64x64
 DELETE = object()
 
 
-def valid_manifest() -> dict[str, Any]:
-    """A converted set of the tiny preset at 64x64, as export-onnx and convert-rknn write it."""
+def valid_manifest(blocks: int = 2) -> dict[str, Any]:
+    """A converted set of the tiny preset (`blocks` blocks) at 64x64, as export-onnx and convert-rknn write it."""
     inputs = {"self_attn": [("x", [1, 16, 128]), ("rope_cos", [1, 1, 16, 64]), ("rope_sin", [1, 1, 16, 64])],
               "cross_attn": [("x", [1, 16, 128]), ("context", [1, 512, 64])], "mlp": [("x", [1, 16, 128])]}
     subgraphs, records = [], []
-    for index in range(6):
+    for index in range(3 * blocks):
         kind, name = KINDS[index % 3], f"b{index // 3:02d}_{KINDS[index % 3]}"
         subgraphs.append({
             "index": index, "block": index // 3, "kind": kind, "file": f"{name}.onnx", "sha256": f"{index:064x}",
@@ -49,7 +49,7 @@ def valid_manifest() -> dict[str, Any]:
                         "convert_s": 0.5, "internal_bytes": 5000, "weight_bytes": 800})
     return {
         "format": "anima-rknn-subgraphs/1",
-        "model": {"file": "tiny.safetensors", "sha256": "cd" * 32, "blocks": 2, "hidden": 128, "heads": 2,
+        "model": {"file": "tiny.safetensors", "sha256": "cd" * 32, "blocks": blocks, "hidden": 128, "heads": 2,
                   "head_dim": 64, "context_dim": 64},
         "width": 64, "height": 64, "tokens": 16, "context_tokens": 512, "dtype": "float32", "opset": 17,
         "subgraphs": subgraphs,
@@ -215,7 +215,21 @@ def test_a_huge_manifest_is_refused_without_reading_it_all(tmp_path):
     folder.mkdir()
     with open(folder / MANIFEST, "wb") as f:
         f.truncate(1 << 34)  # sparse: 16 GiB that would never fit in memory
-    assert refusal(lambda: read_manifest(folder)).endswith("larger than 1 MiB")
+    assert refusal(lambda: read_manifest(folder)).endswith("larger than 8 MiB")
+
+
+def test_sets_of_up_to_1024_blocks_read_and_a_reconversion_clears_their_stale_files(tmp_path):
+    """Block numbers past 99 take three or four digits (b100_mlp); sets written before keep their two (b07)."""
+    assert (subgraph_name(21), subgraph_name(300), subgraph_name(3071)) == ("b07_self_attn", "b100_self_attn",
+                                                                            "b1023_mlp")
+    manifest = read_manifest(write_set(tmp_path / "big", valid_manifest(blocks=1024)))
+    assert manifest["rknn"]["subgraphs"][-1]["rknn_file"] == "b1023_mlp.rknn"
+    folder = tmp_path / "stale"
+    folder.mkdir()
+    for name in ("b07_mlp.rknn", "b100_mlp.rknn", "b1023_cross_attn.quantization.cfg", "b00_mlp.rknn", "notes.txt"):
+        (folder / name).write_text("x")
+    clear_set_folder(folder, keep=["b00_mlp.rknn"])
+    assert sorted(p.name for p in folder.iterdir()) == ["b00_mlp.rknn", "notes.txt"]
 
 
 class Unpickled:
