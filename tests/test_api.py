@@ -44,7 +44,7 @@ def test_spectrum_imports_without_torch():
 
 @pytest.mark.parametrize("call, pattern", [
     (lambda files: anima_rknn.AnimaPipeline("models/anima"), "takes the ModelFiles"),
-    (lambda files: anima_rknn.AnimaPipeline(files).generate("a cat"), "takes a GenerationParams"),
+    (lambda files: anima_rknn.AnimaPipeline(files).generate("a cat"), "takes a RunPlan .* or a GenerationParams"),
     (lambda files: anima_rknn.GenerationParams(prompt=None).validate(), "prompt must be text"),
     (lambda files: anima_rknn.GenerationParams(prompt="x", steps="20").validate(), "steps must be an integer"),
     (lambda files: anima_rknn.GenerationParams(prompt="x", cfg=float("nan")).validate(), "cfg must be a finite"),

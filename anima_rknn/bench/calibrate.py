@@ -162,7 +162,7 @@ class Calibrator:
 
     def uncached(self, job: Job) -> None:
         params = job.params
-        job.decode = self.pipeline.prepare(params)
+        job.decode = self.pipeline.prepare(params).decode
         job.conditioning = self.pipeline.encode(params.prompt, params.negative, params.dtype, params.loras,
                                                 params.lora_ignore_unmatched)
         recorder = Recorder(params.model_calls())

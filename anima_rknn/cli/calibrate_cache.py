@@ -27,7 +27,7 @@ from ..model.model_set import resolve
 from ..sampling.cache_fit import fit_path, write_fit
 from ..sampling.sample import StepEvent
 from .group import cli
-from .options import model_options, params_from_cli, setting_options
+from .options import FiniteFloat, model_options, params_from_cli, setting_options
 
 MAX_PROMPTS_BYTES, MAX_SEEDS = 1 << 20, 16
 
@@ -45,7 +45,7 @@ MAX_PROMPTS_BYTES, MAX_SEEDS = 1 << 20, 16
               help="all: every number, the plan's and the flag's choices by image quality too (1.3-1.8x the "
                    "model calls, each run's image decoded); curves: the three regressions, the choices kept as "
                    "made on the demo model.")
-@click.option("--flag-psnr", type=click.FloatRange(1, 99), default=LOW_PSNR, show_default=True,
+@click.option("--flag-psnr", type=FiniteFloat(1, 99), default=LOW_PSNR, show_default=True,
               help="With --fit all: a cached image under this PSNR (dB) against its uncached one is one the flag "
                    "should catch.")
 @click.option("--out", "-o", type=click.Path(dir_okay=False), default=None,

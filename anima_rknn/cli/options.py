@@ -47,6 +47,9 @@ class FiniteFloat(click.ParamType):
 
     name = "number"
 
+    def __init__(self, low: float = -math.inf, high: float = math.inf) -> None:
+        self.low, self.high = low, high
+
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
         try:
             number = float(value)  # type: ignore[arg-type]
@@ -54,6 +57,8 @@ class FiniteFloat(click.ParamType):
             self.fail(f"{value!r} is not a number", param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
+        if not self.low <= number <= self.high:
+            self.fail(f"{number:g} is not in the range {self.low:g} to {self.high:g}", param, ctx)
         return number
 
 
