@@ -118,6 +118,20 @@ def theirs(files: dict[str, Path], dit: Path, out: Path, args: argparse.Namespac
     return out
 
 
+def vae_check(files: dict[str, Path], folder: Path, args: argparse.Namespace) -> float:
+    """stable-diffusion.cpp's converter writes the VAE as a GGUF (its 5-D convolutions folded to 4-D); the largest
+    difference between our decodes of a random latent from that file and from the safetensors."""
+    from anima_rknn.vae.io import load_vae
+
+    converted = folder / "vae-sdcpp.gguf"
+    job = {"mode": "convert", "dit": str(files["vae"]), "out": str(converted)}
+    subprocess.run([args.sd_python, "-c", _SD_SCRIPT, json.dumps(job)], check=True, capture_output=True)
+    latent = torch.randn(1, 16, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours_, theirs_ = (load_vae(path).decode(latent) for path in (files["vae"], converted))
+    return float((ours_ - theirs_).abs().max())
+
+
 def psnr(a: Path, b: Path) -> float:
     x, y = (np.asarray(Image.open(p).convert("RGB"), dtype=np.float64) for p in (a, b))
     mse = float(np.mean((x - y) ** 2))
@@ -148,6 +162,8 @@ def main() -> None:
         folder = args.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         files = write_set(folder, args.blocks, args.tokenizers)
+        print(f"VAE GGUF written by stable-diffusion.cpp's converter, decoded here: max abs diff "
+              f"{vae_check(files, folder, args):.3g} from the safetensors VAE's decode", flush=True)
         sd_q8, our_q8 = folder / "dit-sdcpp-q8_0.gguf", folder / "dit-ours-q8_0.gguf"
         job = {"mode": "convert", "dit": str(files["dit"]), "out": str(sd_q8)}
         subprocess.run([args.sd_python, "-c", _SD_SCRIPT, json.dumps(job)], check=True, capture_output=True)
