@@ -38,8 +38,8 @@ from ..generation.params import (
 )
 from ..model.io import trained_image_size
 from ..model.lora import parse_lora_option
-from ..model.quantize import QUANTIZE_TYPES
 from ..model.model_set import ModelFiles, resolve
+from ..model.quantize import QUANTIZE_TYPES
 from ..sampling.auto_cache import AUTO_OPTIONS
 from ..sampling.caches import OPTION_TYPES, parse_cache_options
 

@@ -13,7 +13,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from anima_rknn.core.gguf import QUANTIZED_TYPES, SUPPORTED_TYPES, map_gguf, read_gguf_header
 from anima_rknn.core.quant import ENCODABLE, QuantizedTensor, encode
 from anima_rknn.core.tensorfile import fingerprint, load_tensors, read_shapes
-from anima_rknn.model.io import load_dit, load_llm_adapter, read_dit_config, save_dit
+from anima_rknn.model.io import load_dit, load_llm_adapter, read_dit_config
 from anima_rknn.model.lora import LoraRef, open_loras
 from anima_rknn.model.model_set import from_model_dir
 from anima_rknn.model.quantize import quantize_checkpoint
