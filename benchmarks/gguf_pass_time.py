@@ -55,13 +55,16 @@ def main() -> None:
                     start = time.perf_counter()
                     model(x, sigma, context)
                     times[label].append(time.perf_counter() - start)
-    base = min(times[cases[0][0]])
+    bf16 = times[cases[0][0]]
     print(f"full-width DiT, {args.blocks} block(s), 512x512, bf16 bodies, torch threads {torch.get_num_threads()}, "
           f"{args.rounds} interleaved rounds")
-    print("| case | best pass | median pass | best vs bf16 |")
-    print("|---|---|---|---|")
+    # a round's ratio compares passes run a minute apart: steadier than either case's best under a drifting load
+    print("| case | best pass | median pass | best vs bf16 | per-round ratios to bf16 (median) |")
+    print("|---|---|---|---|---|")
     for label, values in times.items():
-        print(f"| {label} | {min(values):.2f} s | {statistics.median(values):.2f} s | {min(values) / base:.2f}x |")
+        ratios = [t / b for t, b in zip(values, bf16)]
+        print(f"| {label} | {min(values):.2f} s | {statistics.median(values):.2f} s | {min(values) / min(bf16):.2f}x | "
+              f"{', '.join(f'{r:.2f}' for r in ratios)} ({statistics.median(ratios):.2f}x) |")
 
 
 if __name__ == "__main__":
