@@ -11,6 +11,9 @@ hand into some environment and point --sd-python at that interpreter:
 
     pip install stable-diffusion-cpp-python   # about 18 minutes on 2 busy cores
     python benchmarks/gguf_sdcpp.py --sd-python /path/to/venv/bin/python --tokenizers DIR [--blocks 2]
+
+`--q8-activations` adds a row: our renderer with each Q8_0 layer's input rounded as ggml's CPU matmul rounds it
+(see q8_0_activations), to show whether that rounding is what separates the two implementations on a Q8_0 file.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image
 
 PROMPT, NEGATIVE = "a cat sitting on a wooden table, anime style", "low quality"
@@ -43,6 +47,33 @@ image = sd.generate_image(prompt=args["prompt"], negative_prompt=args["negative"
                           sigmas=args["sigmas"], seed=args["seed"])[0]
 image.save(args["out"])
 """
+
+
+def q8_0_activations(x: torch.Tensor) -> torch.Tensor:
+    """`x` as ggml's CPU backend hands it to a Q8_0 weight's matrix multiply: type_traits_cpu[GGML_TYPE_Q8_0]
+    .vec_dot_type is GGML_TYPE_Q8_0 (ggml/src/ggml-cpu/ggml-cpu.c), so ggml_compute_forward_mul_mat quantizes each
+    f32 row of src1 with quantize_row_q8_0 before ggml_vec_dot_q8_0_q8_0: per 32 values along the reduced
+    dimension, d = amax / 127 (stored as fp16), q = round(x * 127 / amax) (x86: _mm256_round_ps, half to even,
+    as torch.round). The block sums of q_w * q_x are exact integers, so this rounding is the only difference."""
+    blocks = x.float().reshape(-1, 32)
+    amax = blocks.abs().amax(1, keepdim=True)
+    q = torch.round(blocks * torch.where(amax > 0, 127 / amax, 0))
+    return (q * (amax / 127).half().float()).reshape(x.shape).to(x.dtype)
+
+
+def _generate_with_q8_0_activations(argv: list[str]) -> None:
+    """`anima-rknn generate argv` in this process, every Q8_0 layer's input rounded by q8_0_activations."""
+    from anima_rknn.cli import main
+    from anima_rknn.model.quantized import QuantizedLinear
+
+    plain = QuantizedLinear.forward
+
+    def forward(self: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+        return plain(self, q8_0_activations(x) if self.qweight.dtype == "Q8_0" else x)
+
+    QuantizedLinear.forward = forward  # type: ignore[method-assign]
+    sys.argv = ["anima-rknn", "generate", *argv]
+    main()
 
 
 def write_set(folder: Path, blocks: int, tokenizers: Path) -> dict[str, Path]:
@@ -67,8 +98,10 @@ def write_set(folder: Path, blocks: int, tokenizers: Path) -> dict[str, Path]:
     return files
 
 
-def ours(files: dict[str, Path], dit: Path, out: Path, args: argparse.Namespace) -> Path:
-    subprocess.run([sys.executable, "-m", "anima_rknn", "generate", "--dit", dit, "--text-encoder",
+def ours(files: dict[str, Path], dit: Path, out: Path, args: argparse.Namespace, q8_activations: bool = False,
+         ) -> Path:
+    command = [__file__, "--generate-q8-activations"] if q8_activations else ["-m", "anima_rknn", "generate"]
+    subprocess.run([sys.executable, *command, "--dit", dit, "--text-encoder",
                     files["text_encoder"], "--vae", files["vae"], "--qwen-tokenizer", files["qwen_tokenizer"],
                     "--t5-tokenizer", files["t5_tokenizer"], "--prompt", PROMPT, "--negative", NEGATIVE,
                     "--seed", str(args.seed), "--steps", str(args.steps), "--cfg", str(args.cfg), "--sampler",
@@ -83,6 +116,20 @@ def theirs(files: dict[str, Path], dit: Path, out: Path, args: argparse.Namespac
            "sigmas": sigmas, "seed": args.seed, "out": str(out)}
     subprocess.run([args.sd_python, "-c", _SD_SCRIPT, json.dumps(job)], check=True, capture_output=True)
     return out
+
+
+def vae_check(files: dict[str, Path], folder: Path, args: argparse.Namespace) -> float:
+    """stable-diffusion.cpp's converter writes the VAE as a GGUF (its 5-D convolutions folded to 4-D); the largest
+    difference between our decodes of a random latent from that file and from the safetensors."""
+    from anima_rknn.vae.io import load_vae
+
+    converted = folder / "vae-sdcpp.gguf"
+    job = {"mode": "convert", "dit": str(files["vae"]), "out": str(converted)}
+    subprocess.run([args.sd_python, "-c", _SD_SCRIPT, json.dumps(job)], check=True, capture_output=True)
+    latent = torch.randn(1, 16, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours_, theirs_ = (load_vae(path).decode(latent) for path in (files["vae"], converted))
+    return float((ours_ - theirs_).abs().max())
 
 
 def psnr(a: Path, b: Path) -> float:
@@ -101,6 +148,11 @@ def main() -> None:
     parser.add_argument("--cfg", type=float, default=4.0)
     parser.add_argument("--seed", type=int, default=20260812)
     parser.add_argument("--keep", type=Path, help="write the set and images here instead of a temporary folder")
+    parser.add_argument("--q8-activations", action="store_true",
+                        help="also render the Q8_0 files with ggml's Q8_0 rounding of each quantized layer's input")
+    if sys.argv[1:2] == ["--generate-q8-activations"]:
+        _generate_with_q8_0_activations(sys.argv[2:])
+        return
     args = parser.parse_args()
     from anima_rknn.model.quantize import quantize_checkpoint
     from anima_rknn.sampling.schedule import flow_sigmas
@@ -110,6 +162,8 @@ def main() -> None:
         folder = args.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         files = write_set(folder, args.blocks, args.tokenizers)
+        print(f"VAE GGUF written by stable-diffusion.cpp's converter, decoded here: max abs diff "
+              f"{vae_check(files, folder, args):.3g} from the safetensors VAE's decode", flush=True)
         sd_q8, our_q8 = folder / "dit-sdcpp-q8_0.gguf", folder / "dit-ours-q8_0.gguf"
         job = {"mode": "convert", "dit": str(files["dit"]), "out": str(sd_q8)}
         subprocess.run([args.sd_python, "-c", _SD_SCRIPT, json.dumps(job)], check=True, capture_output=True)
@@ -125,6 +179,11 @@ def main() -> None:
         for label in ("safetensors", "sd.cpp Q8_0", "our Q8_0"):
             print(f"| {label} | {psnr(images[label, 'ours'], images[label, 'sd.cpp']):.2f} | "
                   f"{psnr(images[label, 'ours'], images['safetensors', 'ours']):.2f} |")
+        if args.q8_activations:
+            for label, dit in (("sd.cpp Q8_0", sd_q8), ("our Q8_0", our_q8)):
+                image = ours(files, dit, folder / f"ours-q8act {label}.png", args, q8_activations=True)
+                print(f"| {label}, our inputs of Q8_0 layers rounded to q8_0 | "
+                      f"{psnr(image, images[label, 'sd.cpp']):.2f} | {psnr(image, images['safetensors', 'ours']):.2f} |")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from ..export.onnx import export_subgraphs
 from ..model.lora import lora_tag, parse_lora_option
 from ..model.model_set import part_file
 from .group import cli
-from .options import apply_threads, dit_image_size, lora_file_options, threads_option
+from .options import DtypeChoice, apply_threads, dit_image_size, lora_file_options, threads_option
 
 EXPORT_DTYPES = {"fp32": "float32", "fp16": "float16"}
 
@@ -27,8 +27,8 @@ EXPORT_DTYPES = {"fp32": "float32", "fp16": "float16"}
 @click.option("--height", "-H", type=int, default=None, help="Image height (multiple of 16). Default as --width.")
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for the set.")
-@click.option("--dtype", type=click.Choice(list(EXPORT_DTYPES)), default="fp32", show_default=True,
-              help="Precision of the subgraphs (the host side always stays fp32).")
+@click.option("--dtype", type=DtypeChoice(list(EXPORT_DTYPES), "and are dequantized to this --dtype for the set"),
+              default="fp32", show_default=True, help="Precision of the subgraphs (the host side always stays fp32).")
 @click.option("--overwrite", is_flag=True, help="Replace what is already in --out.")
 @lora_file_options
 @threads_option

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from ..generation.params import (
 from ..model.io import trained_image_size
 from ..model.lora import parse_lora_option
 from ..model.model_set import ModelFiles, resolve
+from ..model.quantize import QUANTIZE_TYPES
 from ..sampling.auto_cache import AUTO_OPTIONS
 from ..sampling.caches import OPTION_TYPES, parse_cache_options
 
@@ -117,6 +119,28 @@ def resolve_model(model: str | None, **explicit: str | None) -> ModelFiles:
     return resolve(model, **explicit)
 
 
+# GGML's quantized type names (q8_0, q4_k, q3_k_m, iq4_xs, ...): a GGUF file's, which a user of stable-diffusion.cpp
+# (its --type) may take for a compute precision.
+_GGML_WEIGHT_TYPE = re.compile(r"i?q[1-8](_[0-9a-z]+)*", re.IGNORECASE)
+
+
+class DtypeChoice(click.Choice):
+    """A --dtype's choices; a GGML weight type given instead is explained in one line (exit 1): quantized
+    weights come from a .gguf file. `gguf` says what becomes of them under this --dtype."""
+
+    def __init__(self, choices: Sequence[str], gguf: str = "and stay quantized whatever --dtype is") -> None:
+        super().__init__(choices)
+        self.gguf = gguf
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and _GGML_WEIGHT_TYPE.fullmatch(value):
+            qtype = value.lower() if value.lower() in QUANTIZE_TYPES else "q8_0"
+            raise AnimaError(f"--dtype {value} is a GGUF weight type, not a compute precision (one of "
+                             f"{', '.join(map(str, self.choices))}): quantized weights come from a .gguf DiT "
+                             f"(`anima-rknn quantize DIT -o DIT.gguf --type {qtype}` writes one) {self.gguf}")
+        return super().convert(value, param, ctx)
+
+
 def _warn_if_slow(ctx: click.Context, param: click.Parameter, value: str) -> str:
     warning = slow_dtype_warning(value)
     if warning:
@@ -160,7 +184,8 @@ def _click_options(name: str, front: str | None = None) -> list[Callable[[F], F]
         return [click.option(*flags, name, default=None, metavar="L,T,R,B",
                              help=f"{opt.help} One number grows every side by it.")]
     kinds = {"int": int, "number": FINITE, "text": str, "path": click.Path(file_okay=False, path_type=Path)}
-    kind = click.Choice(opt.choices) if opt.kind == "choice" else kinds[opt.kind]
+    kind = ((DtypeChoice if name == "dtype" else click.Choice)(opt.choices) if opt.kind == "choice"
+            else kinds[opt.kind])
     if opt.parse is not None:  # other spellings are taken too (build() makes them ours, or refuses in one line)
         # None when not given, so that a sampler named with its schedule ("DPM++ 2M Karras") may set the schedule.
         return [click.option(*flags, name, default=None, metavar=f"[{'|'.join(opt.choices)}]",

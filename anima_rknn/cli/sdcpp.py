@@ -38,7 +38,8 @@ REFUSED = {
     "--canny": "no ControlNet here",
     "--embd-dir": "no textual-inversion embeddings here: LoRAs (--lora, --lora-model-dir) are",
     "--tensor-type-rules": "use --dtype (fp32, fp16, bf16 or auto) for the attention/MLP bodies",
-    "--type": "use --dtype (fp32, fp16, bf16 or auto) for the attention/MLP bodies",
+    "--type": "quantized weights come from a .gguf DiT (`anima-rknn quantize DIT -o DIT.gguf --type q8_0` writes "
+              "one), and --dtype (fp32, fp16, bf16 or auto) sets the attention/MLP bodies' precision",
     "--photo-maker": _NOT_ANIMA, "--pm-id-images-dir": _NOT_ANIMA, "--pm-id-embed-path": _NOT_ANIMA,
     "--pm-style-strength": _NOT_ANIMA, "--pulid-weights": _NOT_ANIMA, "--pulid-id-embedding": _NOT_ANIMA,
     "--pulid-id-weight": _NOT_ANIMA, "--ip-adapter": _NOT_ANIMA, "--ip-adapter-image": _NOT_ANIMA,

@@ -19,7 +19,7 @@ from ..core.quant import QuantizedTensor
 from ..errors import AnimaError
 
 
-WeightBuffers = dict  # (thread, shape, dtype) -> a reused tensor
+WeightBuffers = dict  # (thread, dtype) -> a reused flat tensor, as large as the largest weight so far
 
 
 class QuantizedLinear(nn.Module):
@@ -41,14 +41,15 @@ class QuantizedLinear(nn.Module):
                                                           torch.cat([self.lora[1], down], 0))
 
     def weight_as(self, dtype: torch.dtype) -> torch.Tensor:
-        """The weight in `dtype`, in a buffer this model's layers of the same shape reuse (they run one at a time,
-        and a fresh weight-sized allocation per call would be page-faulted and zeroed every time)."""
+        """The weight in `dtype`, in one buffer per dtype that all this model's layers reuse, whatever their shape
+        (they run one at a time, each weight used at once; a fresh weight-sized allocation per call would be
+        page-faulted and zeroed every time, and a buffer per shape held 84 MiB for Anima's six shapes, not 38)."""
         if self.lora is None:
-            key = (threading.get_ident(), self.qweight.shape, dtype)
+            key, size = (threading.get_ident(), dtype), self.out_features * self.in_features
             buffer = self.buffers.get(key)
-            if buffer is None:
-                buffer = self.buffers[key] = torch.empty(self.qweight.shape, dtype=dtype)
-            return self.qweight.dequantize(dtype, out=buffer)
+            if buffer is None or buffer.numel() < size:
+                buffer = self.buffers[key] = torch.empty(size, dtype=dtype)
+            return self.qweight.dequantize(dtype, out=buffer[:size].view(self.qweight.shape))
         weight = self.qweight.dequantize(torch.float32)
         return weight.addmm_(*self.lora).to(dtype)
 

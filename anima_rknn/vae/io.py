@@ -14,6 +14,7 @@ import re
 import torch
 from torch import Tensor
 
+from ..core.gguf import is_gguf
 from ..core.tensorfile import Header, load_tensors, read_header, save_tensors
 from ..errors import AnimaError
 from .wan import WAN21_LATENTS_MEAN, WAN21_LATENTS_STD, CausalConv2d, Resample, RMSNorm2d, WanVAE, WanVAEConfig
@@ -115,8 +116,26 @@ def _metadata_stats(header: Header, key: str, default: tuple[float, ...], *, pos
     return tuple(numbers)
 
 
+def _shapes(header: Header) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes, a stable-diffusion.cpp GGUF's folded 5-D convolutions unfolded.
+
+    GGML tensors have at most 4 dimensions, so stable-diffusion.cpp stores a conv3d weight [out, in, t, h, w] as
+    [out * in, t, h, w] (its wan.hpp CausalConv3d allocates ne {w, h, t, in * out}; safetensors_io.cpp folds a
+    5-D file tensor with `ne[0] = ne[0] * ne[1]`), and its converter writes that shape. The data is the 5-D
+    tensor's, in the same order; `out` is the length of the layer's bias. A real 4-D weight has `out` rows."""
+    shapes = {name: info.shape for name, info in header.tensors.items()}
+    if not is_gguf(header.path):
+        return shapes
+    unfolded = dict(shapes)
+    for name, shape in shapes.items():
+        bias = shapes.get(name.removesuffix("weight") + "bias") if name.endswith(".weight") else None
+        if len(shape) == 4 and bias and len(bias) == 1 and 0 < bias[0] < shape[0] and shape[0] % bias[0] == 0:
+            unfolded[name] = (bias[0], shape[0] // bias[0], *shape[1:])
+    return unfolded
+
+
 def _infer_config(header: Header) -> WanVAEConfig:
-    path, shapes = header.path, {name: info.shape for name, info in header.tensors.items()}
+    path, shapes = header.path, _shapes(header)
 
     def shape_of(key: str) -> tuple[int, ...]:  # of a conv weight that sizes the model
         if key not in shapes:
@@ -158,8 +177,10 @@ def read_vae_config(path: str | os.PathLike) -> WanVAEConfig:
 
 
 def load_vae(path: str | os.PathLike, *, decode_only: bool = True, dtype: torch.dtype = torch.float32) -> WanVAE:
-    """Load a Wan/ComfyUI-named VAE file; sizes (dim, z_dim, dim_mult, res blocks) come from its shapes."""
-    config = read_vae_config(path)
+    """Load a Wan/ComfyUI-named VAE file (safetensors, or a GGUF as ComfyUI-GGUF or stable-diffusion.cpp writes
+    it); sizes (dim, z_dim, dim_mult, res blocks) come from its shapes."""
+    header = read_header(path, "VAE")
+    shapes, config = _shapes(header), _infer_config(header)
     with torch.device("meta"):
         vae = WanVAE(config, with_encoder=not decode_only)
     expected_shapes = _file_shapes(vae)
@@ -168,7 +189,7 @@ def load_vae(path: str | os.PathLike, *, decode_only: bool = True, dtype: torch.
     for name, param in vae.named_parameters():
         if name not in tensors:
             raise AnimaError(f"{path}: not a Wan VAE file: missing {name}")
-        tensor = tensors[name]
+        tensor = tensors[name].reshape(shapes[name])  # as _shapes unfolded it
         if tuple(tensor.shape) != expected_shapes[name]:
             raise AnimaError(
                 f"{path}: tensor {name} has shape {list(tensor.shape)}, expected {list(expected_shapes[name])}"

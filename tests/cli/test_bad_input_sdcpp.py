@@ -21,7 +21,7 @@ def _one_line(result, text: str) -> None:
     (("--clip_l", "clip.safetensors"), "--clip_l (stable-diffusion.cpp's) has no equivalent here: Anima has no CLIP"),
     (("--t5xxl", "t5.safetensors"), "its text encoder is the Qwen3 model, --llm"),
     (("--taesd", "taesd.safetensors"), "--preview writes the cheap latent projection"),
-    (("--type", "q8_0"), "use --dtype"),
+    (("--type", "q8_0"), "anima-rknn quantize DIT -o DIT.gguf --type q8_0"),
     (("--rng", "cuda"), "its own seeded generator"),
     (("-M", "convert"), "generate makes images"),
     (("--vae-relative-tile-size", "2x2"), "use --vae-tile-size"),

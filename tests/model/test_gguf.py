@@ -13,7 +13,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from anima_rknn.core.gguf import QUANTIZED_TYPES, SUPPORTED_TYPES, map_gguf, read_gguf_header
 from anima_rknn.core.quant import ENCODABLE, QuantizedTensor, encode
 from anima_rknn.core.tensorfile import fingerprint, load_tensors, read_shapes
-from anima_rknn.model.io import load_dit, load_llm_adapter, read_dit_config, save_dit
+from anima_rknn.model.io import load_dit, load_llm_adapter, read_dit_config
 from anima_rknn.model.lora import LoraRef, open_loras
 from anima_rknn.model.model_set import from_model_dir
 from anima_rknn.model.quantize import quantize_checkpoint
@@ -248,6 +248,34 @@ def test_vae_gguf_in_comfyui_gguf_layout(tiny_set, tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    latent = torch.randn(1, 16, 4, 4, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = load_vae(tiny_set.vae).decode(latent)
+        assert torch.equal(load_vae(path).decode(latent), expected)
+
+
+def test_vae_gguf_in_stable_diffusion_cpp_layout(tiny_set, tmp_path):
+    """stable-diffusion.cpp folds a 5-D conv weight [out, in, t, h, w] into GGML's 4 dims as [out * in, t, h, w]
+    (src/model_io/safetensors_io.cpp: `if (n_dims == 5) { ne[0] = ne[0] * ne[1]; ...}`, then reverse_ne; src/wan.hpp
+    CausalConv3d: ggml_new_tensor_4d(w, h, t, in_channels * out_channels)) and its converter writes that shape,
+    no metadata (checked against stable-diffusion-cpp-python 0.4.7's convert): the VAE loads from it, with its
+    real 4-D convolutions (attention, 2-D resamples) left as they are, and decodes as from the safetensors."""
+    from anima_rknn.vae.io import load_vae, read_vae_config
+
+    path = tmp_path / "vae.gguf"
+    writer = gguf.GGUFWriter(str(path), "wan")
+    folded = 0
+    for name, tensor in load_tensors(tiny_set.vae, "VAE").items():
+        array = tensor.float().numpy()
+        if array.ndim == 5:
+            array, folded = array.reshape(-1, *array.shape[2:]), folded + 1
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert folded and any(len(s) == 4 for s in read_shapes(tiny_set.vae, "VAE").values())
+    assert read_vae_config(path) == read_vae_config(tiny_set.vae)
     latent = torch.randn(1, 16, 4, 4, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = load_vae(tiny_set.vae).decode(latent)

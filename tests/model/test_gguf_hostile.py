@@ -168,3 +168,16 @@ def test_a_gguf_that_is_not_a_file_is_one_line_and_never_waited_on(tiny_set, tmp
     code, err = _cli(monkeypatch, capsys, "quantize", fifo, "-o", tmp_path / "y.gguf")
     assert code == 1 and err == f"error: checkpoint file not found: {fifo}\n", err
     assert [p.name for p in tmp_path.iterdir()] == ["fifo.gguf"]
+
+
+@pytest.mark.parametrize(("command", "value", "says"), [
+    ("generate", "q8_0", "--type q8_0` writes one) and stay quantized whatever --dtype is"),
+    ("bench", "Q4_K", "--type q4_k` writes one) and stay quantized"),
+    ("generate", "q3_k_m", "--type q8_0` writes one"),  # a type quantize does not write: its default
+    ("export-onnx", "q8_0", "and are dequantized to this --dtype for the set"),
+])
+def test_a_ggml_type_as_dtype_is_explained_in_one_line(tmp_path, monkeypatch, capsys, command, value, says):
+    """A stable-diffusion.cpp user's weight type (its --type q8_0) given as --dtype, which is a compute precision."""
+    code, err = _cli(monkeypatch, capsys, command, "--dtype", value, "--out", tmp_path / "out")
+    assert code == 1 and err.startswith(f"error: --dtype {value} is a GGUF weight type") and says in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()
