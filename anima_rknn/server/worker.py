@@ -131,11 +131,13 @@ class Worker:
 
     def on_step(self, job: Job, event: StepEvent) -> None:
         """A step of the running job: its progress and live preview."""
-        job.step, job.total, job.eta_s = event.step, event.total, event.eta_s
         image = self.projection.to_image(event.x0, self._preview_upscale(max(event.x0.shape[-2:])))
         buffer = io.BytesIO()
         image.save(buffer, format="PNG", compress_level=1)
+        # The preview first: a client that sees step N also finds that step's picture (/progress read between
+        # the two answered a step with no current_image).
         job.preview = buffer.getvalue()
+        job.step, job.total, job.eta_s = event.step, event.total, event.eta_s
 
     def _run(self, job: Job) -> None:
         state, to = self.jobs.state_path(job), self.jobs.image_path(job)
