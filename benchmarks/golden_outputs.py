@@ -13,9 +13,10 @@ It imports nothing from anima_rknn: the code under test is whichever `python -m 
 script works before and after the package's modules move. Record on the commit before the refactor, check after:
 
     git worktree add /tmp/golden-old <commit before>        # the original code, left untouched
-    PYTHONPATH=/tmp/golden-old .venv/bin/python benchmarks/golden_outputs.py record /tmp/golden
-    PYTHONPATH=/tmp/golden-old .venv/bin/python benchmarks/golden_outputs.py check /tmp/golden   # deterministic?
-    .venv/bin/python benchmarks/golden_outputs.py check /tmp/golden                      # the refactored tree
+    cd /tmp   # outside the repository: Python puts the current folder first on its path (its anima_rknn would win)
+    PYTHONPATH=/tmp/golden-old $REPO/.venv/bin/python $REPO/benchmarks/golden_outputs.py record /tmp/golden
+    PYTHONPATH=/tmp/golden-old $REPO/.venv/bin/python $REPO/benchmarks/golden_outputs.py check /tmp/golden  # stable?
+    $REPO/.venv/bin/python $REPO/benchmarks/golden_outputs.py check /tmp/golden        # the refactored tree
 
 Everything runs on the shipped demo model (64x64) or a `make-tiny` set at 64x64, a few steps each, with
 OMP_NUM_THREADS=1 and a private XDG_CACHE_HOME (set for every child process, so runs do not depend on this
@@ -307,6 +308,25 @@ def case_bench(ws: Workspace) -> JSON:
             "pngs": [ws.keep_png(f"report/{name}", f"bench_{name}") for name in images]}
 
 
+def case_server_vae_set(ws: Workspace) -> JSON:
+    """serve with a VAE set (export-vae of the demo model, its default tile) on ONNX Runtime: a txt2img that leaves
+    the tile alone decodes in the set's tiles (issue 41: the tile default reached through the run plan)."""
+    ws.cli("export-vae", "--out", "vae-set")
+    server = Server(ws, "--data-dir", "data", "--dtype", "fp32", "--vae-backend", "onnx", "--vae-subgraphs",
+                    "vae-set")
+    try:
+        status, _, data = server.request("POST", "/sdapi/v1/txt2img", {
+            "prompt": PROMPT, "steps": 8, "width": 64, "height": 64, "seed": 5, "cfg_scale": 4.0,
+            "sampler_name": "Euler", "cache": "spectrum"})
+    finally:
+        server.stop()
+    answer = json.loads(data)
+    answer["images"] = [ws.keep_png_bytes(base64.b64decode(image), f"server_vae_set_{i}.png")
+                        for i, image in enumerate(answer.get("images", []))]
+    answer["info"] = json.loads(answer["info"]) if isinstance(answer.get("info"), str) else answer.get("info")
+    return {"status": status, "answer": ws.normalized(answer)}
+
+
 def case_cli_errors(ws: Workspace) -> JSON:
     """Refusals: exit code and the one error line."""
     def refused(*args: str) -> JSON:
@@ -526,6 +546,7 @@ CASES = [
     Case("batch", case_batch),
     Case("bench", case_bench),
     Case("server", case_server),
+    Case("server-vae-set", case_server_vae_set),
     Case("cli-errors", case_cli_errors),
     Case("help", case_help),
     Case("package-data", case_package_data),

@@ -202,6 +202,8 @@ class JobQueue:
     def position(self, job: Job) -> int | None:
         """0 = running, 1 = next, ...; None once finished."""
         with self._lock:
+            if job.state in FINISHED:  # the worker clears `current` just after a job finishes: not "running"
+                return None
             if job is self.current:
                 return 0
             return next((i + 1 for i, waiting in enumerate(self._waiting) if waiting is job), None)
