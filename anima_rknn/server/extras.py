@@ -15,7 +15,7 @@ from typing import Any
 
 from PIL import Image
 
-from ..checks import is_number, shown
+from ..checks import check_number, shown
 from ..generation.images import MAX_IMAGE_PIXELS
 from .requests import BadRequest, decode_image
 
@@ -63,12 +63,10 @@ def png_info(value: Any) -> dict[str, Any]:
     return {"info": info, "items": texts, "parameters": parse_infotext(info)}
 
 
-def _number(body: dict[str, Any], field: str, default: float, low: float, high: float) -> float:
-    value = body.get(field, default)
-    value = default if value is None else value
-    if not (is_number(value) and low <= value <= high):
-        raise BadRequest(f"{field} must be a number from {low:g} to {high:g}, got {shown(value)}")
-    return float(value)
+def _ranged(body: dict[str, Any], field: str, default: float, low: float, high: float) -> float:
+    """A number field from `low` to `high` (checks.check_number's one-line refusal, a 400), `default` if absent."""
+    value = body.get(field)
+    return float(check_number(field, default if value is None else value, low, high))
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
@@ -76,7 +74,7 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
     for field, what in (("gfpgan_visibility", "face restoration (GFPGAN)"),
                         ("codeformer_visibility", "face restoration (CodeFormer)"),
                         ("extras_upscaler_2_visibility", "a second upscaler")):
-        if _number(body, field, 0.0, 0.0, 1.0) > 0:
+        if _ranged(body, field, 0.0, 0.0, 1.0) > 0:
             raise BadRequest(f"{field}: {what} is not supported by this server; leave it at 0")
 
 
@@ -98,11 +96,11 @@ def target_size(body: dict[str, Any], width: int, height: int,
                          f"upscaling_resize_h), got {shown(mode)}")
     crop = False
     if mode == 0:
-        scale = _number(body, "upscaling_resize", 2.0, 1.0, MAX_UPSCALE)
+        scale = _ranged(body, "upscaling_resize", 2.0, 1.0, MAX_UPSCALE)
         size = (round(width * scale), round(height * scale))
     else:
-        size = (int(_number(body, "upscaling_resize_w", 512, 1, 1 << 16)),
-                int(_number(body, "upscaling_resize_h", 512, 1, 1 << 16)))
+        size = (int(_ranged(body, "upscaling_resize_w", 512, 1, 1 << 16)),
+                int(_ranged(body, "upscaling_resize_h", 512, 1, 1 << 16)))
         crop = body.get("upscaling_crop", True) is not False
     if resizing and size[0] * size[1] > MAX_IMAGE_PIXELS:
         raise BadRequest(f"the upscaled picture would be {size[0]}x{size[1]}, over this server's bound of "

@@ -88,12 +88,12 @@ def test_png_info_refuses(url, image, words):
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"upscaling_resize": 9}, "upscaling_resize must be a number from 1 to 8"),
-    ({"upscaling_resize": 0}, "upscaling_resize must be a number from 1 to 8"),
-    ({"upscaling_resize": "2"}, "upscaling_resize must be a number"),
-    ({"upscaling_resize": float("nan")}, "upscaling_resize must be a number"),
+    ({"upscaling_resize": 9}, "upscaling_resize must be a finite number from 1 to 8"),
+    ({"upscaling_resize": 0}, "upscaling_resize must be a finite number from 1 to 8"),
+    ({"upscaling_resize": "2"}, "upscaling_resize must be a finite number"),
+    ({"upscaling_resize": float("nan")}, "upscaling_resize must be a finite number"),
     ({"resize_mode": 1, "upscaling_resize_w": 9000, "upscaling_resize_h": 9000}, f"bound of {MAX_IMAGE_PIXELS}"),
-    ({"resize_mode": 1, "upscaling_resize_w": 0}, "upscaling_resize_w must be a number from 1"),
+    ({"resize_mode": 1, "upscaling_resize_w": 0}, "upscaling_resize_w must be a finite number from 1"),
     ({"resize_mode": 2}, "resize_mode must be 0"),
     ({"upscaler_1": "R-ESRGAN 4x+"}, "this server's upscalers are None, Lanczos"),
     ({"upscaler_1": ["Lanczos"]}, "upscaler_1"),
