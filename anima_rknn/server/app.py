@@ -66,7 +66,7 @@ def _error_status(e: AnimaError) -> int:
     """The HTTP status of a refusal that reaches the app's handler: 4xx for the request, 5xx for the store."""
     if isinstance(e, (StoreError, JobEnded)):
         return e.status  # 507: a full disk, 503: a store made read-only under the server; a job's end: 500 / 409
-    return {QueueFull: 429, ImageGone: 410, JobBusy: 409, ServerBusy: 503}.get(type(e), 400)
+    return {QueueFull: 429, ImageGone: 410, JobBusy: 409, NotReady: 409, ServerBusy: 503}.get(type(e), 400)
 
 
 def build_app(server: Server) -> FastAPI:
@@ -93,7 +93,6 @@ def build_app(server: Server) -> FastAPI:
             return error_answer(request, str(too_large(request.url.path, request.method)), 413)
         return await call_next(request)
 
-    # Starlette answers with the handler of the nearest class in the error's MRO: NotReady, an AnimaError, is a 409.
     @app.exception_handler(AnimaError)
     async def anima_error(request: Request, e: AnimaError) -> JSONResponse:
         status = _error_status(e)
@@ -112,10 +111,6 @@ def build_app(server: Server) -> FastAPI:
     @app.exception_handler(JobNotFound)
     async def not_found(request: Request, e: JobNotFound) -> JSONResponse:
         return error_answer(request, f"no job {e.args[0][:40]!r}", 404)
-
-    @app.exception_handler(NotReady)
-    async def not_ready(request: Request, e: NotReady) -> JSONResponse:
-        return error_answer(request, str(e), 409)
 
     @app.exception_handler(WrongContentType)
     async def wrong_content_type(request: Request, e: WrongContentType) -> JSONResponse:
