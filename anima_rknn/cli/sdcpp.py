@@ -23,19 +23,24 @@ NO_EFFECT = ("--offload-to-cpu", "--fa", "--diffusion-fa", "--mmap", "--vae-on-c
 
 _NO_CLIP = "Anima has no CLIP or T5 text encoder: its text encoder is the Qwen3 model, --llm (--text-encoder)"
 _NOT_ANIMA = "it is for other model families; Anima has no such part"
+_NO_TAE = "no tiny autoencoder here: --preview writes the cheap latent projection, --preview-vae a VAE decode"
+_NO_ESRGAN = "no ESRGAN here: --hires with --hires-upscaler lanczos or latent"
+_OWN_NOISE = "the noise here is its own seeded generator, the same on every machine (--seed)"
+_NO_REF = "no reference images here: --init-img for image to image"
+_NO_CONTROLNET = "no ControlNet here"
+_NO_SLG = "no skip-layer guidance here"
+_IMAGES_ONLY = "images only here"
 # Its flags we have no equivalent of, and what to use instead.
 REFUSED = {
     "--clip_l": _NO_CLIP, "--clip_g": _NO_CLIP, "--t5xxl": _NO_CLIP,
     "--clip_vision": _NOT_ANIMA, "--llm_vision": _NOT_ANIMA, "--qwen2vl_vision": _NOT_ANIMA,
     "--qwen2vl": "use --llm (sd.cpp's own name for it now) or --text-encoder",
     "--high-noise-diffusion-model": _NOT_ANIMA, "--uncond-diffusion-model": _NOT_ANIMA, "--audio-vae": _NOT_ANIMA,
-    "--taesd": "no tiny autoencoder here: --preview writes the cheap latent projection, --preview-vae a VAE decode",
-    "--tae": "no tiny autoencoder here: --preview writes the cheap latent projection, --preview-vae a VAE decode",
+    "--taesd": _NO_TAE, "--tae": _NO_TAE,
     "--taesd-preview-only": "no tiny autoencoder here: the final image is always the VAE's",
     "--preview-noisy": "previews show each step's denoised estimate",
-    "--control-net": "no ControlNet here", "--control-image": "no ControlNet here",
-    "--control-strength": "no ControlNet here", "--control-video": "no ControlNet here",
-    "--canny": "no ControlNet here",
+    "--control-net": _NO_CONTROLNET, "--control-image": _NO_CONTROLNET, "--control-strength": _NO_CONTROLNET,
+    "--control-video": _NO_CONTROLNET, "--canny": _NO_CONTROLNET,
     "--embd-dir": "no textual-inversion embeddings here: LoRAs (--lora, --lora-model-dir) are",
     "--tensor-type-rules": "use --dtype (fp32, fp16, bf16 or auto) for the attention/MLP bodies",
     "--type": "quantized weights come from a .gguf DiT (`anima-rknn quantize DIT -o DIT.gguf --type q8_0` writes "
@@ -44,30 +49,26 @@ REFUSED = {
     "--pm-style-strength": _NOT_ANIMA, "--pulid-weights": _NOT_ANIMA, "--pulid-id-embedding": _NOT_ANIMA,
     "--pulid-id-weight": _NOT_ANIMA, "--ip-adapter": _NOT_ANIMA, "--ip-adapter-image": _NOT_ANIMA,
     "--ip-adapter-strength": _NOT_ANIMA,
-    "--upscale-model": "no ESRGAN here: --hires with --hires-upscaler lanczos or latent",
-    "--upscale-repeats": "no ESRGAN here: --hires with --hires-upscaler lanczos or latent",
-    "--upscale-tile-size": "no ESRGAN here: --hires with --hires-upscaler lanczos or latent",
+    "--upscale-model": _NO_ESRGAN, "--upscale-repeats": _NO_ESRGAN, "--upscale-tile-size": _NO_ESRGAN,
     "--hires-upscale-tile-size": "the hires upscalers here (latent, lanczos) are not tiled",
     "--hires-upscalers-dir": "no upscaler models here: --hires-upscaler lanczos or latent",
     "--hires-denoising-strength": "use --strength (the hires pass's denoising strength here)",
     "--hires-sigmas": "use --hires-steps with --scheduler",
-    "--rng": "the noise here is its own seeded generator, the same on every machine (--seed)",
-    "--sampler-rng": "the noise here is its own seeded generator, the same on every machine (--seed)",
+    "--rng": _OWN_NOISE, "--sampler-rng": _OWN_NOISE,
     "--prediction": "Anima is a flow model; no other prediction type applies",
     "--lora-apply-mode": "LoRAs are merged into the weights before the run",
     "--vae-relative-tile-size": "use --vae-tile-size (in pixels)",
     "--guidance": "Anima has no distilled guidance input: --cfg-scale is its guidance",
     "--img-cfg-scale": "Anima has no image guidance: --cfg-scale is its guidance",
-    "--slg-scale": "no skip-layer guidance here", "--skip-layer-start": "no skip-layer guidance here",
-    "--skip-layer-end": "no skip-layer guidance here", "--skip-layers": "no skip-layer guidance here",
+    "--slg-scale": _NO_SLG, "--skip-layer-start": _NO_SLG, "--skip-layer-end": _NO_SLG, "--skip-layers": _NO_SLG,
     "--timestep-shift": "use --flow-shift (--shift)",
     "--sigmas": "use --steps with --scheduler and --flow-shift",
     "--clip-skip": "Anima's text encoder is the Qwen3 model's last hidden state; it has no CLIP layers to skip",
-    "--video-frames": "images only here", "--fps": "images only here", "--end-img": "images only here",
-    "--motion-module": "images only here", "--ref-video": "images only here", "--ref-audio": "images only here",
-    "--ref-video-audio": "images only here", "--temporal-tiling": "images only here",
-    "--ref-image": "no reference images here: --init-img for image to image",
-    "--ref-image-args": "no reference images here: --init-img for image to image",
+    "--video-frames": _IMAGES_ONLY, "--fps": _IMAGES_ONLY, "--end-img": _IMAGES_ONLY,
+    "--motion-module": _IMAGES_ONLY, "--ref-video": _IMAGES_ONLY, "--ref-audio": _IMAGES_ONLY,
+    "--ref-video-audio": _IMAGES_ONLY, "--temporal-tiling": _IMAGES_ONLY,
+    "--ref-image": _NO_REF,
+    "--ref-image-args": _NO_REF,
     "--increase-ref-index": "no reference images here", "--disable-auto-resize-ref-image": "no reference images here",
     "--cache-preset": "use --cache-mode spectrum (or auto) with --cache-option",
     "--scm-mask": "use --cache-option for the spectrum cache",
