@@ -469,7 +469,7 @@ class AnimaPipeline:
         after) its first pass gives a first-pass picture."""
         params = plan.params
         source = prepare_source(params)
-        passes = [each.denoise_pass for each in plan.passes]
+        passes = plan.denoise_passes
         first = resume.pass_index if resume is not None else 0
         done: list[Denoised] = []
         latent: np.ndarray | None = None
@@ -512,7 +512,7 @@ class AnimaPipeline:
         encoded and noised (img2img, inpainting), or the first pass upscaled and noised (hires; Lanczos decodes
         the first pass's picture and encodes it at the hires size). A resumed pass starts from
         its state's latent; an inpainting one encodes its image again for the part it keeps."""
-        params, passes = plan.params, [each.denoise_pass for each in plan.passes]
+        params, passes = plan.params, plan.denoise_passes
         denoise_pass = passes[index]
         if index == 0 and source is None:
             return PassStart(0, denoise_pass, None if resumed else initial_noise(params.seed, params.width,

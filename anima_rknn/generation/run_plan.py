@@ -40,6 +40,10 @@ class RunPlan:
     first_decode: DecodePlan | None
     fingerprints: dict[str, str | None]
 
+    @property
+    def denoise_passes(self) -> list[DenoisePass]:
+        return [each.denoise_pass for each in self.passes]
+
     def for_settings(self, params: GenerationParams) -> RunPlan:
         """This plan for `params`, which differ from its settings in the seed alone (a request's or a batch's images
         of one setting, generate --batch-count): no decision depends on the seed, so one prepare() serves them all.
