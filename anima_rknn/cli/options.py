@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ from ..generation.params import (
 from ..model.io import trained_image_size
 from ..model.lora import parse_lora_option
 from ..model.model_set import ModelFiles, resolve
-from ..model.quantize import QUANTIZE_TYPES
+from ..model.quantize import weight_type_given_as_dtype
 from ..sampling.auto_cache import AUTO_OPTIONS
 from ..sampling.caches import OPTION_TYPES, parse_cache_options
 
@@ -119,11 +118,6 @@ def resolve_model(model: str | None, **explicit: str | None) -> ModelFiles:
     return resolve(model, **explicit)
 
 
-# GGML's quantized type names (q8_0, q4_k, q3_k_m, iq4_xs, ...): a GGUF file's, which a user of stable-diffusion.cpp
-# (its --type) may take for a compute precision.
-_GGML_WEIGHT_TYPE = re.compile(r"i?q[1-8](_[0-9a-z]+)*", re.IGNORECASE)
-
-
 class DtypeChoice(click.Choice):
     """A --dtype's choices; a GGML weight type given instead is explained in one line (exit 1): quantized
     weights come from a .gguf file. `gguf` says what becomes of them under this --dtype."""
@@ -133,11 +127,9 @@ class DtypeChoice(click.Choice):
         self.gguf = gguf
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, str) and _GGML_WEIGHT_TYPE.fullmatch(value):
-            qtype = value.lower() if value.lower() in QUANTIZE_TYPES else "q8_0"
-            raise AnimaError(f"--dtype {value} is a GGUF weight type, not a compute precision (one of "
-                             f"{', '.join(map(str, self.choices))}): quantized weights come from a .gguf DiT "
-                             f"(`anima-rknn quantize DIT -o DIT.gguf --type {qtype}` writes one) {self.gguf}")
+        explained = weight_type_given_as_dtype("--dtype", value, list(map(str, self.choices)), self.gguf)
+        if explained:
+            raise AnimaError(explained)
         return super().convert(value, param, ctx)
 
 

@@ -27,6 +27,7 @@ from ..engine.vae_plan import vae_tiles
 from ..engine.vae_tiles import DEFAULT_VAE_OVERLAP, DEFAULT_VAE_TILE, VAE_BACKENDS
 from ..errors import AnimaError
 from ..model.lora import MAX_LORAS, LoraRef, lora_refs, prompt_loras
+from ..model.quantize import weight_type_given_as_dtype
 from ..sampling.auto_cache import check_refusal
 from ..sampling.caches import CACHE_NAMES, make_cache
 from ..sampling.samplers import SAMPLER_NAMES, SAMPLERS, call_sigmas, sampler_and_scheduler, sampler_name
@@ -263,6 +264,9 @@ class GenerationParams:
             elif option.kind == "number" and not (value is None and default(name) is None):
                 check_number(name, value, option.low, option.high)
             elif option.kind == "choice":
+                explained = weight_type_given_as_dtype(name, value, option.choices) if name == "dtype" else None
+                if explained:  # a stable-diffusion.cpp user's --type q8_0 in a jobs file or a request
+                    raise AnimaError(explained)
                 check_choice(LABELS.get(name, name), value, option.choices)
             elif option.kind == "bool":
                 check_bool(name, value)

@@ -26,6 +26,21 @@ _KEPT = re.compile(r"(\.bias$|\.scale$|x_embedder\.|t_embedder\.|y_embedder\.|po
                    r"final_layer\.|img_in\.|txt_in\.|time_in\.|vector_in\.|guidance_in\.|time_embed\.|label_emb\.|"
                    r"embedding)")
 _FLOAT_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+# GGML's quantized type names (q8_0, q4_k, q3_k_m, iq4_xs, ...): a GGUF file's, which a user of stable-diffusion.cpp
+# (its --type) may take for a compute precision.
+_GGML_WEIGHT_TYPE = re.compile(r"i?q[1-8](_[0-9a-z]+)*", re.IGNORECASE)
+
+
+def weight_type_given_as_dtype(name: str, value: object, choices: tuple[str, ...] | list[str],
+                               then: str = "and stay quantized whatever the dtype is") -> str | None:
+    """The one line that explains a GGML weight type given as the compute precision `name` (`then`: what becomes
+    of a GGUF's quantized weights under that setting); None when `value` is no such type."""
+    if not (isinstance(value, str) and _GGML_WEIGHT_TYPE.fullmatch(value)):
+        return None
+    qtype = value.lower() if value.lower() in QUANTIZE_TYPES else "q8_0"
+    return (f"{name} {value} is a GGUF weight type, not a compute precision (one of {', '.join(choices)}): "
+            f"quantized weights come from a .gguf DiT (`anima-rknn quantize DIT -o DIT.gguf --type {qtype}` writes "
+            f"one) {then}")
 
 
 def _stored_type(tensor: torch.Tensor | QuantizedTensor) -> str:

@@ -181,3 +181,14 @@ def test_a_ggml_type_as_dtype_is_explained_in_one_line(tmp_path, monkeypatch, ca
     code, err = _cli(monkeypatch, capsys, command, "--dtype", value, "--out", tmp_path / "out")
     assert code == 1 and err.startswith(f"error: --dtype {value} is a GGUF weight type") and says in err, err
     assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_ggml_type_as_dtype_in_a_jobs_file_is_explained_in_one_line(tmp_path, monkeypatch, capsys):
+    """The same mistake in a batch's JSONL job: one line naming the line, the same explanation, nothing written."""
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text('{"prompt": "a cat", "steps": 1}\n{"prompt": "a cat", "dtype": "Q4_K"}\n')
+    code, err = _cli(monkeypatch, capsys, "batch", jobs, "--out", tmp_path / "out")
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {jobs} line 2: dtype Q4_K is a GGUF weight type, not a compute precision"), err
+    assert "--type q4_k` writes one) and stay quantized whatever the dtype is" in err, err
+    assert not (tmp_path / "out").exists()
