@@ -35,7 +35,7 @@ from ..sampling.schedule import SCHEDULES, flow_sigmas, schedule_name, strength_
 from ..text.prompt import parse_prompt_weights
 from ..vae.tiling import TILING_MODES
 from .images import INPAINT_AREAS, MASKED_CONTENT, RESIZE_MODES, ImageInput
-from .prompt_schedule import EditPass, check_edits
+from .prompt_schedule import CallTexts, EditPass, call_texts, check_edits
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}  # the bodies' dtypes, by name
 DEFAULT_NEGATIVE = "worst quality, low quality, score_1, score_2, score_3, blurry, jpeg artifacts, sepia"
@@ -290,7 +290,7 @@ class GenerationParams:
             raise AnimaError("cache options must be a dict of option names to values")
         flow_sigmas(self.steps, self.shift, self.scheduler)  # a schedule that cannot make these steps, now
         self._validate_image_to_image()
-        check_edits(self.prompt, self.negative, self.edit_passes())  # prompt editing's syntax and steps
+        check_edits(self.call_texts())  # prompt editing's syntax and steps, and the texts it makes
         sampler = SAMPLERS[self.sampler]
         for denoise_pass in self.passes():  # bad cache options fail now too, and those the sampler rules out
             if denoise_pass.cache == "auto" and denoise_pass.cache_options.get("check"):
@@ -383,6 +383,11 @@ class GenerationParams:
         per_step = len(SAMPLERS[self.sampler].calls(passes[0].sigmas, 0))
         return [EditPass(p.steps_run * per_step, self.model_calls(p.sigmas),
                          passes[0].steps_run * per_step if index else None) for index, p in enumerate(passes)]
+
+    def call_texts(self) -> CallTexts | None:
+        """The text of each model call of each pass, both prompts (None: neither prompt edits); AnimaError for bad
+        editing. prompt_schedule.call_texts over edit_passes()."""
+        return call_texts(self.prompt, self.negative, self.edit_passes())
 
     @property
     def eta_value(self) -> float:

@@ -55,7 +55,7 @@ from .image_to_image import (
 )
 from .images import image_to_tensor
 from .params import DTYPES, MAX_PROMPT_TOKENS, DenoisePass, GenerationParams
-from .prompt_schedule import CallConditioning, call_texts, distinct_texts, pass_cache
+from .prompt_schedule import CallConditioning, distinct_texts, pass_cache
 from .result import Conditioning, Denoised, GenerationResult, passes_per_call
 from .resume import Interrupted
 from .run_plan import PassPlan, RunPlan
@@ -215,7 +215,7 @@ class AnimaPipeline:
         """encode(), or with a kept DiT the last run's conditioning when its prompts, dtype and LoRA files are the
         same (a batch's or a request's seeds of one prompt): the same tensors, reported with encode_s 0. Prompt
         editing encodes every text its schedule makes, each once."""
-        per_pass = call_texts(params.prompt, params.negative, params.edit_passes())
+        per_pass = params.call_texts()
         texts = [params.prompt, params.negative] if per_pass is None else distinct_texts(per_pass)
         key = (tuple(texts), params.dtype, tuple(params.loras), params.lora_ignore_unmatched,
                tuple(ref.path.stat()[6:9] for ref in params.loras))
@@ -449,7 +449,7 @@ class AnimaPipeline:
                                    (1, self.dit_config.context_tokens, self.dit_config.context_dim))
         params = plan.params
         # A resume state keeps the first call's contexts only: an edited prompt's texts are encoded again.
-        conditioning = (resume.conditioning if resume is not None and not _edited(params)
+        conditioning = (resume.conditioning if resume is not None and params.call_texts() is None
                         else self._encode_once(params))
         if checkpoints is not None:
             checkpoints.stop_before_denoising(params.steps)
@@ -539,13 +539,8 @@ class AnimaPipeline:
 
 def _call_conditioning(conditioning: Conditioning, params: GenerationParams, index: int) -> CallConditioning | None:
     """Pass `index`'s contexts per model call under prompt editing (None: a run of one conditioning)."""
-    per_pass = call_texts(params.prompt, params.negative, params.edit_passes()) if conditioning.by_text else None
+    per_pass = params.call_texts() if conditioning.by_text else None
     return None if per_pass is None else CallConditioning(*per_pass[index], conditioning.by_text)
-
-
-def _edited(params: GenerationParams) -> bool:
-    """Whether either prompt uses prompt editing."""
-    return call_texts(params.prompt, params.negative, params.edit_passes()) is not None
 
 
 def _pass_progress(on_step: StepCallback | None, passes: list[DenoisePass], index: int) -> StepCallback | None:

@@ -60,9 +60,9 @@ def call_texts(prompt: str, negative: str, passes: list[EditPass]) -> CallTexts 
     return per_pass
 
 
-def check_edits(prompt: str, negative: str, passes: list[EditPass]) -> None:
-    """Bad editing refused, and every text it makes within the weight parser's bounds: before any model loads."""
-    for text in distinct_texts(call_texts(prompt, negative, passes) or []):
+def check_edits(per_pass: CallTexts | None) -> None:
+    """Every text call_texts() made within the weight parser's bounds: before any model loads."""
+    for text in distinct_texts(per_pass or []):
         parse_prompt_weights(text)
 
 

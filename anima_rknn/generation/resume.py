@@ -36,7 +36,7 @@ from ..sampling.caches import restore_cache
 from ..sampling.sample import StepCallback, StepEvent
 from ..sampling.samplers import SAMPLERS, call_sigmas, history_layout
 from .params import LATER_SETTINGS, SETTINGS, DenoisePass, GenerationParams, settings_of
-from .prompt_schedule import call_texts, pass_cache, pass_starts
+from .prompt_schedule import pass_cache, pass_starts
 from .result import Conditioning
 
 STATE_FORMAT = "anima-rknn-resume/1"
@@ -303,7 +303,7 @@ def _check_cache(params: GenerationParams, denoise_pass: DenoisePass, state: dic
            and key != "probe_features" for array in value if isinstance(array, np.ndarray)):
         raise AnimaError(f"{path}: the resume state's stored x0 are not the latent's size")
     # a pass's noise stream is its index among the run's passes
-    starts = pass_starts(call_texts(params.prompt, params.negative, params.edit_passes()), denoise_pass.stream)
+    starts = pass_starts(params.call_texts(), denoise_pass.stream)
     cache = pass_cache(denoise_pass.cache, params.model_calls(denoise_pass.sigmas), denoise_pass.cache_options, None,
                        starts)
     try:
