@@ -281,10 +281,6 @@ class Server:
         warning = None if model is None else self.size_warning(job.params, model)
         return job.status(self.queue.position(job)) | {"warnings": [warning] if warning else []}
 
-    async def wait(self, jobs: list[Job]) -> list[Job]:
-        """`jobs` once each has ended (wait_done: no polling)."""
-        return await wait_done(jobs)
-
     async def run_and_collect(self, values: dict[str, Any], count: int, model: ServedModel) -> Collected:
         """A synchronous call (A1111's txt2img / img2img, OpenAI's generations / edits): submit its `count` jobs,
         wait for them, and read their PNGs. The one failure mapping of these calls (docs/server-api.md):
@@ -294,7 +290,7 @@ class Server:
         params, jobs = await self.submit_request(values, count, model)
         self.calls.append(jobs)
         try:
-            await self.wait(jobs)
+            await wait_done(jobs)
         finally:
             self.calls.remove(jobs)
         if any(job.interrupt.is_set() for job in jobs):
