@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import stat
 import struct
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
@@ -24,7 +24,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import AnimaError
-from .files import atomic_path
+from .files import Unreadable, atomic_path, open_small_file
 from .quant import QuantizedTensor
 
 MAGIC = b"GGUF"
@@ -62,16 +62,13 @@ class GGUFHeader:
 
 
 def is_gguf(path: str | os.PathLike) -> bool:
-    """Whether `path` is a regular file that begins as GGUF (a FIFO is looked at without waiting on it)."""
+    """Whether `path` is a regular file that begins as GGUF (files.open_small_file's checks, any size: only the
+    magic is read; a FIFO is looked at without waiting on it)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
+        with open_small_file(path, sys.maxsize) as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except (Unreadable, OSError):
         return False
-    with os.fdopen(fd, "rb") as f:
-        try:
-            return stat.S_ISREG(os.fstat(fd).st_mode) and f.read(4) == MAGIC
-        except OSError:
-            return False
 
 
 def type_name(code: int) -> str:
